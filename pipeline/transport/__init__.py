@@ -1,0 +1,181 @@
+"""Faust transport for Redis Streams: ``broker="redis://host:port/db"``.
+
+Registered on the ``faust.transports`` entry point as ``redis`` and ``rediss``.
+Options go in the URL query string:
+
+    redis://127.0.0.1:6379/0?slots=2&slot=0&lease=10&prefix=nfs&compact=60
+
+``slots``   number of ownership slots N: worker i of N owns partitions p mod N == i
+``slot``    preferred slot of this worker (default: any free one)
+``lease``   lease time in seconds (heartbeat every lease/3)
+``max_slots`` most slots one worker takes over (default N)
+``grace``   seconds after start before taking over slots other than the preferred one
+``prefix``  key namespace (default ``nfs``)
+``compact`` changelog compaction interval in seconds (0 = off)
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import redis
+from aiokafka.partitioner import DefaultPartitioner
+from faust.transport import base
+from yarl import URL
+
+from .client import BrokerUnavailable, BrokerURLError, connect, parse_url
+from .consumer import Consumer
+from .keys import Keys
+from .ownership import SlotLeases
+from .producer import Producer, ProducerFenced
+from .scripts import DECLARE
+
+__all__ = [
+    "Transport",
+    "TransportOptions",
+    "TopicPartitionsMismatch",
+    "BrokerURLError",
+    "BrokerUnavailable",
+    "ProducerFenced",
+]
+
+
+class TopicPartitionsMismatch(ValueError):
+    """A topic exists with a different partition count than declared."""
+
+
+def _opt(q: Any, name: str, cast: Any, default: Any) -> Any:
+    raw = q.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError as exc:
+        raise BrokerURLError(f"broker URL option {name}={raw!r} is not a valid {cast.__name__}") from exc
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    slots: int = 1
+    slot: Optional[int] = None
+    lease_s: float = 10.0
+    max_slots: Optional[int] = None
+    takeover_grace_s: Optional[float] = None
+    prefix: str = "nfs"
+    compact_interval_s: float = 60.0
+
+    @classmethod
+    def from_url(cls, url: URL) -> "TransportOptions":
+        q = url.query
+        opts = cls(
+            slots=_opt(q, "slots", int, 1),
+            slot=_opt(q, "slot", int, None),
+            lease_s=_opt(q, "lease", float, 10.0),
+            max_slots=_opt(q, "max_slots", int, None),
+            takeover_grace_s=_opt(q, "grace", float, None),
+            prefix=q.get("prefix") or "nfs",
+            compact_interval_s=_opt(q, "compact", float, 60.0),
+        )
+        if opts.slots < 1 or (opts.slot is not None and not 0 <= opts.slot < opts.slots):
+            raise BrokerURLError(f"broker URL {url}: need slots >= 1 and 0 <= slot < slots")
+        return opts
+
+
+class Transport(base.Transport):
+    Consumer = Consumer
+    Producer = Producer
+    driver_version = f"redis-py {redis.__version__}"
+
+    leases: Optional[SlotLeases] = None
+
+    def __init__(self, url: Any, app: Any, loop: Any = None) -> None:
+        super().__init__(url, app, loop=loop)
+        self.broker_url = parse_url(url[0])
+        self.options = TransportOptions.from_url(self.broker_url)
+        self.keys = Keys(self.options.prefix)
+        self._client: Any = None
+        self._connecting: Any = None
+        self._partitions: dict[str, int] = {}
+        self._retention: dict[str, Optional[float]] = {}
+        self.partitioner = app.conf.producer_partitioner or DefaultPartitioner()
+
+    async def client(self) -> Any:
+        if self._client is None:
+            import asyncio
+
+            if self._connecting is None:
+                self._connecting = asyncio.ensure_future(connect([self.broker_url]))
+            try:
+                self._client = await asyncio.shield(self._connecting)
+            except BaseException:
+                self._connecting = None
+                raise
+        return self._client
+
+    reader = client
+
+    # -- topic metadata ----------------------------------------------------
+
+    async def declare(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        retention: Any = None,
+        compacting: Optional[bool] = None,
+    ) -> int:
+        client = await self.client()
+        stored = int(await client.eval(DECLARE, 1, self.keys.topics, topic, partitions))
+        if stored != partitions:
+            raise TopicPartitionsMismatch(
+                f"topic {topic!r} exists with {stored} partitions, declared with {partitions}"
+            )
+        self._partitions[topic] = stored
+        if retention:
+            seconds = float(getattr(retention, "total_seconds", lambda: retention)())
+            await client.hset(f"{self.keys.topics}:retention", topic, seconds)
+            self._retention[topic] = seconds
+        return stored
+
+    async def partitions(self, topic: str) -> int:
+        n = self._partitions.get(topic)
+        if n is None:
+            client = await self.client()
+            raw = await client.hget(self.keys.topics, topic)
+            if raw is None:
+                return await self.declare(topic, self.app.conf.topic_partitions)
+            n = self._partitions[topic] = int(raw)
+            ret = await client.hget(f"{self.keys.topics}:retention", topic)
+            self._retention[topic] = float(ret) if ret else None
+        return n
+
+    def partitions_cached(self, topic: str) -> Optional[int]:
+        return self._partitions.get(topic)
+
+    def retention(self, topic: str) -> Optional[float]:
+        return self._retention.get(topic)
+
+    def partition_for(self, topic: str, key: Optional[bytes]) -> int:
+        """Same mapping as Faust's Kafka default (murmur2 of the key mod N)."""
+        n = self._partitions.get(topic) or self.app.conf.topic_partitions
+        parts = list(range(n))
+        return self.partitioner(key, parts, parts)
+
+    # -- fencing -----------------------------------------------------------
+
+    def fence_token(self, topic: str, partition: int) -> Optional[str]:
+        """'' for unfenced topics; the owner token for changelogs; None if not ours."""
+        if topic not in self.app.tables.changelog_topics:
+            return ""
+        if self.leases is None:
+            return None
+        return self.leases.token_for(partition)
+
+    def on_fenced(self, topic: str, partition: int) -> None:
+        consumer = getattr(self.app, "_consumer", None)
+        if consumer is not None:
+            consumer.on_fenced(partition)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

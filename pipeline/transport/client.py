@@ -1,0 +1,110 @@
+"""Connections: one redis-py asyncio client per transport, from a ``redis://``
+or ``rediss://`` URL, with a clear error and backoff when the server is down."""
+
+import asyncio
+import logging
+import random
+from typing import Any, Sequence
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+from yarl import URL
+
+__all__ = [
+    "BrokerURLError",
+    "BrokerUnavailable",
+    "connect",
+    "parse_url",
+    "TRANSIENT_ERRORS",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("redis", "rediss")
+
+#: Errors after which a command may be retried once the connection is back.
+TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+class BrokerURLError(ValueError):
+    """The broker URL cannot be used (unknown scheme, bad host/port/db)."""
+
+
+class BrokerUnavailable(ConnectionError):
+    """The broker did not answer within the start-up retry budget."""
+
+
+def parse_url(url: Any) -> URL:
+    u = URL(str(url))
+    if u.scheme not in SCHEMES:
+        raise BrokerURLError(
+            f"unsupported broker URL {str(url)!r}: scheme must be one of "
+            f"{', '.join(s + '://' for s in SCHEMES)}"
+        )
+    if not u.host:
+        raise BrokerURLError(f"broker URL {str(url)!r} has no host")
+    try:
+        _ = u.port
+    except ValueError as exc:
+        raise BrokerURLError(f"broker URL {str(url)!r} has a bad port") from exc
+    db = u.path.strip("/")
+    if db and not db.isdigit():
+        raise BrokerURLError(f"broker URL {str(url)!r}: database must be a number, got {db!r}")
+    return u
+
+
+def _client_url(u: URL) -> str:
+    # faust adds its own query params; redis-py must not see unknown ones
+    return str(u.with_query({k: v for k, v in u.query.items() if k in ("ssl_cert_reqs",)}))
+
+
+async def connect(
+    urls: Sequence[Any],
+    *,
+    attempts: int = 8,
+    base_delay: float = 0.25,
+    max_delay: float = 5.0,
+    **kwargs: Any,
+) -> "aioredis.Redis | RedisCluster":
+    """Connect to the first URL; retry with jittered exponential backoff.
+
+    Returns a :class:`RedisCluster` client when the server runs in cluster mode.
+    """
+    u = parse_url(urls[0])
+    opts = dict(
+        decode_responses=False,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), 5),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        health_check_interval=10,
+        socket_keepalive=True,
+    )
+    opts.update(kwargs)
+    last: BaseException | None = None
+    for attempt in range(attempts):
+        client: Any = aioredis.Redis.from_url(_client_url(u), **opts)
+        try:
+            info = await client.info("cluster")
+            if info.get("cluster_enabled") in (1, "1"):
+                await client.aclose()
+                opts.pop("health_check_interval", None)
+                client = RedisCluster.from_url(_client_url(u), **opts)
+                await client.initialize()
+            return client
+        except TRANSIENT_ERRORS as exc:
+            last = exc
+            await client.aclose()
+            delay = min(max_delay, base_delay * 2**attempt)
+            delay = delay / 2 + random.random() * delay / 2
+            log.warning(
+                "broker %s unreachable (%s); retrying in %.1fs (%d/%d)",
+                u.with_password(None) if u.password else u, exc, delay, attempt + 1, attempts,
+            )
+            await asyncio.sleep(delay)
+    raise BrokerUnavailable(
+        f"cannot reach the broker at {u.with_password(None) if u.password else u} "
+        f"after {attempts} attempts: {last}"
+    )

@@ -1,0 +1,387 @@
+"""Consumer: XREAD BLOCK over the assigned partitions, offsets committed in a
+hash per group, rebalances driven by slot leases through Faust's callbacks."""
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Set
+
+from faust.assignor.client_assignment import ClientAssignment
+from faust.transport import consumer as base
+from faust.types import TP, ConsumerMessage
+from mode import Service
+from redis.exceptions import ResponseError
+
+from .client import TRANSIENT_ERRORS
+from .compactor import compact_partition
+from .keys import after_id, offset_of
+from .ownership import SlotLeases
+from .scripts import COMMIT, SET_FENCE
+
+if TYPE_CHECKING:
+    from . import Transport
+
+__all__ = ["Consumer", "Record"]
+
+log = logging.getLogger(__name__)
+
+
+class Record(NamedTuple):
+    offset: int
+    timestamp: float
+    key: Optional[bytes]
+    value: Optional[bytes]
+    headers: list
+
+
+def _decode(entry_id: bytes, fields: dict) -> Record:
+    headers = [(k[2:].decode(), v) for k, v in fields.items() if k[:2] == b"h:"] if len(fields) > 3 else []
+    return Record(offset_of(entry_id), float(fields[b"t"]), fields.get(b"k"), fields.get(b"v"), headers)
+
+
+class Consumer(base.Consumer):
+    transport: "Transport"
+    consumer_stopped_errors = ()
+
+    def __init__(self, transport: Any, *args: Any, **kwargs: Any) -> None:
+        self._subscription: set[str] = set()
+        self._assigned: set[TP] = set()
+        self._pos: dict[TP, int] = {}
+        self._hw: dict[TP, int] = {}
+        self._epoch = 0
+        self._generation = 0
+        self._key_tp: dict[bytes, TP] = {}
+        self._rebalance_wanted = asyncio.Event()
+        self._rebalance_lock = asyncio.Lock()
+        self._commit_script: Any = None
+        self._fence_script: Any = None
+        opts = transport.options
+        self.leases = SlotLeases(
+            transport.keys,
+            transport.app.conf.id,
+            opts.slots,
+            lease_s=opts.lease_s,
+            preferred=opts.slot,
+            max_slots=opts.max_slots,
+            takeover_grace_s=opts.takeover_grace_s,
+        )
+        transport.leases = self.leases
+        super().__init__(transport, *args, **kwargs)
+        self._max_records = self.app.conf.broker_max_poll_records or 1000
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def on_start(self) -> None:
+        client = await self.transport.client()
+        self._commit_script = client.register_script(COMMIT)
+        self._fence_script = client.register_script(SET_FENCE)
+        await self._tick_leases()
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        try:
+            await self.leases.release_all(await self.transport.client())
+        except TRANSIENT_ERRORS as exc:  # pragma: no cover - best effort
+            log.warning("could not release leases: %s", exc)
+
+    @Service.task
+    async def _heartbeat(self) -> None:
+        interval = self.leases.lease_ms / 1000 / 3
+        while not self.should_stop:
+            await self.sleep(interval)
+            try:
+                await self._tick_leases()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("lease heartbeat failed: %s", exc)
+
+    async def _tick_leases(self) -> None:
+        gained, lost = await self.leases.tick(await self.transport.client())
+        if gained or lost:
+            self._rebalance_wanted.set()
+
+    def on_fenced(self, partition: int) -> None:
+        """A fenced write was refused: stop treating the slot as ours."""
+        slot = self.leases.slot_of(partition)
+        if slot in self.leases.owned:
+            log.warning("fenced on slot %d: another worker owns it now", slot)
+            self.leases.drop(slot)
+            self._rebalance_wanted.set()
+
+    @Service.task
+    async def _rebalancer(self) -> None:
+        # Runs apart from subscribe(): rebalancing inside subscribe deadlocks on
+        # topics.maybe_wait_for_subscriptions().
+        while not self.should_stop:
+            await self._rebalance_wanted.wait()
+            self._rebalance_wanted.clear()
+            try:
+                await self._rebalance()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("rebalance failed (%s); retrying", exc)
+                await self.sleep(0.5)
+                self._rebalance_wanted.set()
+
+    @Service.task
+    async def _compactor(self) -> None:
+        interval = self.transport.options.compact_interval_s
+        if not interval:
+            return
+        while not self.should_stop:
+            await self.sleep(interval)
+            await self.compact()
+
+    async def compact(self) -> int:
+        """Compact the changelog partitions this worker owns."""
+        client = await self.transport.client()
+        changelogs = self.app.tables.changelog_topics
+        removed = 0
+        for tp in sorted(self._assigned):
+            if tp.topic in changelogs:
+                try:
+                    removed += await compact_partition(
+                        client, self.transport.keys, tp.topic, tp.partition,
+                        retention_s=self.transport.retention(tp.topic),
+                    )
+                except TRANSIENT_ERRORS as exc:
+                    log.warning("compaction of %s failed: %s", tp, exc)
+        return removed
+
+    # -- subscription and rebalance ---------------------------------------
+
+    async def subscribe(self, topics: Any) -> None:
+        self._subscription = set(topics)
+        self._rebalance_wanted.set()
+
+    async def _rebalance(self) -> None:
+        async with self._rebalance_lock:
+            transport = self.transport
+            parts = {t: await transport.partitions(t) for t in self._subscription}
+            owned = set(self.leases.owned)
+            new = {
+                TP(t, p) for t, n in parts.items() for p in range(n) if self.leases.slot_of(p) in owned
+            }
+            if new == self._assigned and self._generation:
+                return
+            await self._fence_changelogs(new)
+            self.app.on_rebalance_start()
+            await self.on_partitions_revoked(set(self._assigned))
+            self._assigned = new
+            self._key_tp = {transport.keys.stream(tp.topic, tp.partition).encode(): tp for tp in new}
+            self._generation += 1
+            self.app.consumer_generation_id = self._generation
+            self._set_assignor(new)
+            self._epoch += 1
+            await self._reset_positions(new)
+            log.info(
+                "generation %d: slots %s of %d, %d partitions",
+                self._generation, sorted(owned), self.leases.slots, len(new),
+            )
+            await self.on_partitions_assigned(set(new), generation_id=self._generation)
+
+    async def _fence_changelogs(self, tps: Set[TP]) -> None:
+        changelogs = self.app.tables.changelog_topics
+        for tp in tps:
+            if tp.topic in changelogs:
+                token = self.leases.token_for(tp.partition)
+                if token:
+                    ok = await self._fence_script(
+                        keys=[self.transport.keys.fence(tp.topic, tp.partition)],
+                        args=[token, SlotLeases.generation(token)],
+                    )
+                    if not int(ok):
+                        self.on_fenced(tp.partition)
+
+    def _set_assignor(self, tps: Set[TP]) -> None:
+        actives: dict[str, list[int]] = {}
+        for tp in sorted(tps):
+            actives.setdefault(tp.topic, []).append(tp.partition)
+        assignor: Any = self.app.assignor
+        assignor._assignment = ClientAssignment(actives=actives, standbys={})
+        assignor._active_tps = set(tps)
+        assignor._standby_tps = set()
+
+    async def _reset_positions(self, tps: Set[TP]) -> None:
+        self._pos = {}
+        await self.seek_to_committed()
+
+    # -- positions ---------------------------------------------------------
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        tps = sorted(self._assigned)
+        if not tps:
+            return {}
+        keys = self.transport.keys
+        client = await self.transport.client()
+        fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
+        committed = await client.hmget(keys.offsets(self.app.conf.id), fields)
+        missing = [tp for tp, c in zip(tps, committed) if c is None]
+        if self.app.conf.consumer_auto_offset_reset == "latest":
+            start = await self.highwaters(*missing)
+        else:
+            start = await self.earliest_offsets(*missing)
+        result: dict[TP, int] = {}
+        for tp, c in zip(tps, committed):
+            if c is None:
+                self._pos[tp] = start[tp]
+            else:
+                self._pos[tp] = result[tp] = int(c)
+        self._epoch += 1
+        return result
+
+    async def _seek(self, partition: TP, offset: int) -> None:
+        self._pos[partition] = max(0, offset)
+        self._epoch += 1
+
+    async def seek_wait(self, partitions: Mapping[TP, int]) -> None:
+        for tp, offset in partitions.items():
+            await self._seek(tp, offset)
+            if offset > 0:
+                self._read_offset[tp] = offset
+            else:
+                self._read_offset.pop(tp, None)
+
+    async def position(self, tp: TP) -> Optional[int]:
+        return self._pos.get(tp)
+
+    def assignment(self) -> Set[TP]:
+        return set(self._assigned)
+
+    def highwater(self, tp: TP) -> int:
+        return self._hw.get(tp, 0)
+
+    def topic_partitions(self, topic: str) -> Optional[int]:
+        return self.transport.partitions_cached(topic)
+
+    def key_partition(self, topic: str, key: Optional[bytes], partition: Optional[int] = None) -> Optional[int]:
+        if partition is not None:
+            return partition
+        return self.transport.partition_for(topic, key)
+
+    async def earliest_offsets(self, *partitions: TP) -> Mapping[TP, int]:
+        if not partitions:
+            return {}
+        keys = self.transport.keys
+        client = await self.transport.client()
+        pipe = client.pipeline(transaction=False)
+        for tp in partitions:
+            pipe.xrange(keys.stream(tp.topic, tp.partition), count=1)
+            pipe.get(keys.counter(tp.topic, tp.partition))
+        res = await pipe.execute()
+        out = {}
+        for i, tp in enumerate(partitions):
+            first, hw = res[2 * i], int(res[2 * i + 1] or 0)
+            out[tp] = offset_of(first[0][0]) if first else hw
+        return out
+
+    async def highwaters(self, *partitions: TP) -> Mapping[TP, int]:
+        if not partitions:
+            return {}
+        keys = self.transport.keys
+        client = await self.transport.client()
+        values = await client.mget([keys.counter(tp.topic, tp.partition) for tp in partitions])
+        out = {tp: int(v or 0) for tp, v in zip(partitions, values)}
+        self._hw.update(out)
+        return out
+
+    async def create_topic(self, topic: str, partitions: int, replication: int, **kwargs: Any) -> None:
+        await self.transport.declare(
+            topic, partitions, retention=kwargs.get("retention"), compacting=kwargs.get("compacting")
+        )
+
+    def _new_topicpartition(self, topic: str, partition: int) -> TP:
+        return TP(topic, partition)
+
+    # -- fetching ----------------------------------------------------------
+
+    async def _getmany(self, active_partitions: Optional[Set[TP]], timeout: float) -> Mapping[TP, list]:
+        assigned = self._assigned
+        tps = [tp for tp in (assigned if active_partitions is None else active_partitions) if tp in assigned]
+        if not tps:
+            await asyncio.sleep(min(timeout, 0.2))
+            return {}
+        keys = self.transport.keys
+        pos = self._pos
+        streams = {keys.stream(tp.topic, tp.partition): after_id(pos.get(tp, 0)) for tp in tps}
+        epoch, generation = self._epoch, self._generation
+        try:
+            client = await self.transport.reader()
+            resp = await client.xread(streams, count=self._max_records, block=max(1, int(timeout * 1000)))
+        except TRANSIENT_ERRORS as exc:
+            log.warning("read failed (%s); reconnecting", exc)
+            await asyncio.sleep(0.5)
+            return {}
+        if epoch != self._epoch or generation != self._generation or not resp:
+            return {}  # a seek or rebalance happened meanwhile: this batch is stale
+        out: dict[TP, list] = {}
+        key_tp = self._key_tp
+        hw = self._hw
+        for key, entries in resp:
+            tp = key_tp.get(key)
+            if tp is None or not entries:
+                continue
+            recs = [_decode(eid, fields) for eid, fields in entries]
+            out[tp] = recs
+            nxt = recs[-1].offset + 1
+            pos[tp] = nxt
+            if hw.get(tp, 0) < nxt:
+                hw[tp] = nxt
+        return out
+
+    def _to_message(self, tp: TP, record: Record) -> ConsumerMessage:
+        key, value = record.key, record.value
+        return ConsumerMessage(
+            tp.topic,
+            tp.partition,
+            record.offset,
+            record.timestamp,
+            0,
+            record.headers,
+            key,
+            value,
+            None,
+            len(key) if key else 0,
+            len(value) if value else 0,
+            tp,
+            generation_id=self._generation,
+        )
+
+    # -- commits -----------------------------------------------------------
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        keys = self.transport.keys
+        group = self.app.conf.id
+        args: list[Any] = []
+        n = 0
+        for tp, offset in offsets.items():
+            if tp not in self._assigned:
+                continue
+            token = self.leases.token_for(tp.partition)
+            if token is None:
+                log.warning("not committing %s: slot no longer owned", tp)
+                return False
+            args += [keys.tp_field(tp.topic, tp.partition), offset, self.leases.slot_of(tp.partition), token]
+            n += 1
+        if not n:
+            return False
+        delay = 0.05
+        for _ in range(6):
+            try:
+                await self._commit_script(keys=[keys.offsets(group), keys.group_fence(group)], args=[n] + args)
+                return True
+            except ResponseError as exc:
+                if str(exc).startswith("FENCED"):
+                    slot = int(str(exc).split()[1])
+                    log.warning("commit refused: slot %d is fenced (another worker owns it)", slot)
+                    self.on_fenced(slot)
+                    return False
+                raise
+            except TRANSIENT_ERRORS as exc:
+                log.warning("commit failed (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def verify_event_path(self, now: float, tp: TP) -> None:
+        return None
