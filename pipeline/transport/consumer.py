@@ -34,8 +34,10 @@ class Record(NamedTuple):
 
 
 def _decode(entry_id: bytes, fields: dict) -> Record:
-    headers = [(k[2:].decode(), v) for k, v in fields.items() if k[:2] == b"h:"] if len(fields) > 3 else []
-    return Record(offset_of(entry_id), float(fields[b"t"]), fields.get(b"k"), fields.get(b"v"), headers)
+    key, value = fields.get(b"k"), fields.get(b"v")
+    known = 1 + (key is not None) + (value is not None) + (b"o" in fields)
+    headers = [(k[2:].decode(), v) for k, v in fields.items() if k[:2] == b"h:"] if len(fields) > known else []
+    return Record(offset_of(entry_id), float(fields[b"t"]), key, value, headers)
 
 
 class Consumer(base.Consumer):

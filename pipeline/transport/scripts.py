@@ -7,6 +7,7 @@ Each script touches keys of one hash slot only (see :mod:`.keys`).
 #: KEYS: stream, counter, fence.  ARGV: token ('' = unfenced), n, then per
 #: message: ts, flags (bit0 key present, bit1 value present), key, value,
 #: nheaders, name1, value1, ...
+#: Fenced (changelog) entries carry the writer's token in field ``o`` for audit.
 #: Returns the first offset of the batch, or error FENCED.
 PRODUCE = """
 local token = ARGV[1]
@@ -19,6 +20,7 @@ local base = redis.call('INCRBY', KEYS[2], n) - n
 local i = 3
 for m = 0, n - 1 do
   local fields = {'t', ARGV[i]}
+  if token ~= '' then fields[3] = 'o'; fields[4] = token end
   local flags = tonumber(ARGV[i + 1])
   if flags % 2 == 1 then fields[#fields + 1] = 'k'; fields[#fields + 1] = ARGV[i + 2] end
   if flags >= 2 then fields[#fields + 1] = 'v'; fields[#fields + 1] = ARGV[i + 3] end
@@ -36,6 +38,7 @@ return base
 
 #: Commit offsets, fenced by slot ownership; never moves an offset backwards.
 #: KEYS: offsets hash, group fence hash.  ARGV: n, then per tp: field, offset, slot, token.
+#: Also records the committing token in field ``<tp>@`` (audit).
 #: Returns the number of fields written, or error FENCED <slot>.
 COMMIT = """
 local n = tonumber(ARGV[1])
@@ -49,7 +52,10 @@ local written = 0
 for j = 0, n - 1 do
   local field, off = ARGV[2 + j * 4], tonumber(ARGV[2 + j * 4 + 1])
   local cur = tonumber(redis.call('HGET', KEYS[1], field) or '-1')
-  if off > cur then redis.call('HSET', KEYS[1], field, off); written = written + 1 end
+  if off > cur then
+    redis.call('HSET', KEYS[1], field, off, field .. '@', ARGV[2 + j * 4 + 3])
+    written = written + 1
+  end
 end
 return written
 """

@@ -1,0 +1,124 @@
+"""Producer/consumer behaviour on a real server."""
+
+import asyncio
+import collections
+import signal
+
+import faust
+import pytest
+from aiokafka.partitioner import DefaultPartitioner
+
+from pipeline.transport import BrokerUnavailable, BrokerURLError, TopicPartitionsMismatch, Transport
+from pipeline.transport.client import connect
+from pipeline.transport.keys import Keys
+
+from .helpers import Worker, numbers, produce, produce_async, seen, wait_until
+
+K = Keys()
+
+
+def test_entry_point_resolves():
+    from faust.transport import by_url
+
+    assert by_url("redis://127.0.0.1:6379/0") is Transport
+    assert by_url("rediss://127.0.0.1:6379/0") is Transport
+
+
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("memcache://127.0.0.1:1/0", "memcache://"),
+        ("redis:///0", "no host"),
+        ("redis://127.0.0.1:6379/abc", "'abc'"),
+        ("redis://127.0.0.1:6379/0?slots=zero", "slots='zero'"),
+        ("redis://127.0.0.1:6379/0?slots=2&slot=5", "slot < slots"),
+    ],
+)
+def test_bad_urls_give_clear_errors(url, needle):
+    with pytest.raises(BrokerURLError) as err:
+        Transport([url], faust.App("bad", broker="memory://"))
+    assert needle in str(err.value)
+
+
+async def test_unreachable_broker_names_url_and_retries():
+    with pytest.raises(BrokerUnavailable) as err:
+        await connect(["redis://127.0.0.1:1/0"], attempts=2, base_delay=0.01)
+    assert "redis://127.0.0.1:1/0" in str(err.value) and "2 attempts" in str(err.value)
+
+
+async def test_produce_dense_offsets_same_partitioning_and_headers(redis_url, redis_sync):
+    items = [(f"user-{i % 101}".encode(), f"v{i}".encode()) for i in range(3000)]
+    meta = await produce_async(redis_url, "dense", items, partitions=4, headers=[("trace", b"abc")])
+    per_partition = collections.defaultdict(list)
+    partitioner = DefaultPartitioner()
+    for (key, _v), md in zip(items, meta):
+        per_partition[md.partition].append(md.offset)
+        # same key → same partition as Faust's Kafka default
+        assert md.partition == partitioner(key, [0, 1, 2, 3], [0, 1, 2, 3])
+    for p, offsets in per_partition.items():
+        assert offsets == list(range(len(offsets)))  # dense, in send order
+        ids = [eid for eid, _ in redis_sync.xrange(K.stream("dense", p))]
+        assert ids == [f"{o}-1".encode() for o in offsets]
+        assert int(redis_sync.get(K.counter("dense", p))) == len(offsets)
+    _eid, fields = redis_sync.xrange(K.stream("dense", 0), count=1)[0]
+    assert fields[b"h:trace"] == b"abc"
+
+
+async def test_null_key_and_tombstone_roundtrip(redis_url, redis_sync):
+    await produce_async(redis_url, "tomb", [(None, b"x"), (b"k", None)], partitions=1)
+    entries = redis_sync.xrange(K.stream("tomb", 0))
+    assert b"k" not in entries[0][1] and entries[0][1][b"v"] == b"x"
+    assert entries[1][1][b"k"] == b"k" and b"v" not in entries[1][1]
+
+
+async def test_declare_is_idempotent_and_mismatch_is_clear(redis_url):
+    app = faust.App("decl", broker=redis_url, web_enabled=False)
+    t = app.transport
+    assert await t.declare("orders", 4) == 4
+    assert await t.declare("orders", 4) == 4
+    with pytest.raises(TopicPartitionsMismatch, match="'orders' exists with 4 partitions, declared with 8"):
+        await t.declare("orders", 8)
+    await t.close()
+
+
+def test_worker_consumes_every_partition_in_order(redis_url, redis_sync, tmp_path):
+    produce(redis_url, "numbers", numbers(0, 2000))
+    w = Worker(redis_url + "?lease=3&compact=0", tmp_path).start()
+    try:
+        wait_until(lambda: redis_sync.llen("seen") >= 2000, 60, what="2000 processed")
+    finally:
+        assert w.stop() == 0, w.log()[-3000:]
+    by_partition = collections.defaultdict(list)
+    for p, off, _v in seen(redis_sync):
+        by_partition[p].append(off)
+    assert sum(len(v) for v in by_partition.values()) == 2000
+    for offs in by_partition.values():
+        assert offs == list(range(len(offs)))
+
+
+def test_commit_stop_restart_resumes_after_last_commit(redis_url, redis_sync, tmp_path):
+    produce(redis_url, "numbers", numbers(0, 1000))
+    url = redis_url + "?lease=3&compact=0"
+    w = Worker(url, tmp_path, "first").start()
+    wait_until(lambda: redis_sync.llen("seen") >= 1000, 60, what="first 1000")
+    assert w.stop() == 0
+    committed = {
+        int(f.decode().split("|")[1]): int(v)
+        for f, v in redis_sync.hgetall(K.offsets("t")).items()
+        if f.startswith(b"numbers|") and not f.endswith(b"@")
+    }
+    first_run = collections.Counter(p for p, _o, _v in seen(redis_sync))
+    assert committed == dict(first_run)  # graceful stop commits everything processed
+    redis_sync.delete("seen")
+    produce(redis_url, "numbers", numbers(1000, 1500))
+    w2 = Worker(url, tmp_path, "second").start()
+    try:
+        wait_until(lambda: redis_sync.llen("seen") >= 500, 60, what="500 more")
+    finally:
+        w2.stop()
+    second = seen(redis_sync)
+    assert len(second) == 500
+    firsts = {}
+    for p, off, _v in second:
+        firsts.setdefault(p, off)
+    assert firsts == {p: committed[p] for p in firsts}

@@ -1,0 +1,71 @@
+"""A small Faust app used by the transport tests, run as a real worker process.
+
+Agent ``numbers``: for every message (key k, value v) appends
+"<partition>:<offset>:<v>" to the Redis list ``seen`` and adds 1 to table
+``counts[k]``.  Agent ``ops``: applies {"op": "set"|"del", "k", "v"} to table
+``kv``; an op "dump" writes the worker's view of ``kv`` to the hash
+``dump:<partition>`` (sent to every partition by the test).
+
+Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message).
+"""
+
+import asyncio
+import os
+
+import faust
+import redis.asyncio as aioredis
+
+BROKER = os.environ["BROKER"]
+PARTITIONS = int(os.environ.get("PARTITIONS", "4"))
+SLOW = float(os.environ.get("SLOW", "0"))
+DATA = os.environ.get("DATA_URL", BROKER.split("?")[0])
+
+app = faust.App(
+    os.environ.get("APP_ID", "t"),
+    broker=BROKER,
+    store="memory://",
+    topic_partitions=PARTITIONS,
+    web_enabled=False,
+    broker_commit_interval=0.5,
+    datadir=os.environ.get("DATADIR", "/tmp/notify-test-worker"),
+)
+numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
+ops = app.topic("ops", key_type=str, value_type=bytes, value_serializer="json", partitions=PARTITIONS)
+counts = app.Table("counts", default=int, partitions=PARTITIONS)
+kv = app.Table("kv", default=None, partitions=PARTITIONS)
+_data = None
+
+
+def data():
+    global _data
+    if _data is None:
+        _data = aioredis.Redis.from_url(DATA)
+    return _data
+
+
+@app.agent(numbers)
+async def count(stream):
+    async for event in stream.events():
+        counts[event.key] += 1
+        await data().rpush("seen", f"{event.message.partition}:{event.message.offset}:{event.value}")
+        if SLOW:
+            await asyncio.sleep(SLOW)
+
+
+@app.agent(ops)
+async def apply_ops(stream):
+    async for event in stream.events():
+        op = event.value
+        if op["op"] == "set":
+            kv[event.key] = op["v"]
+        elif op["op"] == "del":
+            kv.pop(event.key, None)
+        elif op["op"] == "dump":
+            p = event.message.partition
+            mine = {k: v for k, v in kv.items()}
+            pipe = data().pipeline()
+            pipe.delete(f"dump:{p}")
+            if mine:
+                pipe.hset(f"dump:{p}", mapping={k: str(v) for k, v in mine.items()})
+            pipe.rpush("dumped", f"{op['round']}:{p}")
+            await pipe.execute()
