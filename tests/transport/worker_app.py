@@ -30,7 +30,7 @@ app = faust.App(
     datadir=os.environ.get("DATADIR", "/tmp/notify-test-worker"),
 )
 numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
-ops = app.topic("ops", key_type=str, value_type=bytes, value_serializer="json", partitions=PARTITIONS)
+ops = app.topic("ops", key_type=str, value_serializer="json", partitions=PARTITIONS)
 counts = app.Table("counts", default=int, partitions=PARTITIONS)
 kv = app.Table("kv", default=None, partitions=PARTITIONS)
 _data = None
@@ -39,7 +39,14 @@ _data = None
 def data():
     global _data
     if _data is None:
-        _data = aioredis.Redis.from_url(DATA)
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        _data = aioredis.Redis.from_url(
+            DATA, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 40),
+            retry_on_error=[ConnectionError, TimeoutError],
+        )
     return _data
 
 
@@ -62,7 +69,8 @@ async def apply_ops(stream):
             kv.pop(event.key, None)
         elif op["op"] == "dump":
             p = event.message.partition
-            mine = {k: v for k, v in kv.items()}
+            partition_of = app.transport.partition_for
+            mine = {k: v for k, v in kv.items() if partition_of("ops", k.encode()) == p}
             pipe = data().pipeline()
             pipe.delete(f"dump:{p}")
             if mine:
