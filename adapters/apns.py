@@ -1,0 +1,242 @@
+"""Apple Push Notification service, HTTP/2 provider API with token-based auth.
+
+Wire protocol (Apple, "Sending notification requests to APNs"):
+``POST /3/device/<device token>`` over HTTP/2, JSON payload ``{"aps": {...}}``,
+headers ``apns-topic`` (bundle id), ``apns-push-type``, ``apns-priority``
+(10 immediate / 5 power-saving), ``apns-id`` (UUID, echoed back),
+``apns-expiration`` (epoch seconds), ``apns-collapse-id`` (≤ 64 bytes) and
+``authorization: bearer <JWT>``: an ES256 JWT with header ``kid`` (key id) and
+claims ``iss`` (team id) and ``iat``. Apple rejects tokens older than one hour
+and throttles refreshes more frequent than every 20 minutes, so the token is
+cached and renewed after ``token_ttl`` (50 min by default).
+
+Errors come back as ``{"reason": "..."}``: BadDeviceToken (400),
+DeviceTokenNotForTopic (400), Unregistered/ExpiredToken (410) mean the token
+is dead → PERMANENT_ERROR ``bad_token`` (remove the device).
+ExpiredProviderToken/InvalidProviderToken (403) renew our JWT and retry once.
+
+Idempotency: APNs has no idempotency key or status query. We send
+``apns-id = uuid5(delivery_id)`` and ``apns-collapse-id = delivery_id`` (a
+resend after TIMEOUT_UNKNOWN replaces, on the device, the notification it may
+duplicate) and put ``notify_id`` in the payload so the app can drop
+duplicates. :meth:`ApnsProvider.query` therefore answers ``supported=False``.
+
+Point it at Apple with ``base_url="https://api.push.apple.com"`` (or
+``https://api.sandbox.push.apple.com``) and a real .p8 key; the simulator is
+reached over cleartext HTTP/2 with prior knowledge (``http://127.0.0.1:port``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import httpx
+import jwt
+import orjson
+
+from pipeline.models import AttemptResult, Delivery, Priority
+
+from ._http import exception_result, make_client, response_json
+from .base import PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+
+__all__ = ["ApnsConfig", "ApnsProvider", "apns_id_for", "collapse_id_for", "split_push_address"]
+
+#: namespace for apns-id = uuid5(NS, delivery_id)
+APNS_ID_NAMESPACE = uuid.UUID("6f1c2b1e-3c1a-5d7e-9a43-2f5b8e0c4d11")
+
+BAD_TOKEN_REASONS = frozenset({"BadDeviceToken", "Unregistered", "DeviceTokenNotForTopic", "ExpiredToken"})
+PROVIDER_TOKEN_REASONS = frozenset({"ExpiredProviderToken", "InvalidProviderToken", "MissingProviderToken"})
+
+
+@dataclass
+class ApnsConfig:
+    team_id: str
+    key_id: str
+    private_key: str | bytes  #: PEM of the .p8 (EC P-256) signing key
+    topic: str  #: the app's bundle id
+    base_url: str = "https://api.push.apple.com"
+    timeout: float = 10.0
+    connect_timeout: float = 5.0
+    token_ttl: float = 50 * 60.0  #: renew our JWT after this many seconds (< 3600)
+    expiration_s: int = 24 * 3600  #: apns-expiration = now + this (0: deliver now or never)
+    push_type: str = "alert"
+    verify: Any = True  #: TLS verification (bool, CA bundle path or SSLContext)
+    max_connections: int = 10
+    name: str = "apns"
+
+
+def apns_id_for(delivery_id: str) -> str:
+    try:
+        return str(uuid.UUID(delivery_id))
+    except ValueError:
+        return str(uuid.uuid5(APNS_ID_NAMESPACE, delivery_id))
+
+
+def collapse_id_for(delivery_id: str) -> str:
+    if len(delivery_id.encode()) <= 64:
+        return delivery_id
+    return hashlib.sha256(delivery_id.encode()).hexdigest()[:64]
+
+
+def split_push_address(address: str) -> tuple[Optional[str], str]:
+    """``"apns:<token>"`` → ("apns", token); a bare token → (None, token)."""
+    platform, sep, token = address.partition(":")
+    if sep and platform in ("apns", "fcm"):
+        return platform, token
+    return None, address
+
+
+class ApnsProvider(Provider):
+    channel = "push"
+
+    def __init__(
+        self,
+        config: ApnsConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        client: Optional[httpx.AsyncClient] = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._clock = clock
+        self._client = client or make_client(
+            config.base_url,
+            timeout=config.timeout,
+            connect_timeout=config.connect_timeout,
+            http2=True,
+            verify=config.verify,
+            max_connections=config.max_connections,
+        )
+        self._token: Optional[str] = None
+        self._token_iat: float = 0.0
+
+    # ------------------------------------------------------------ auth token
+
+    def bearer_token(self, force: bool = False) -> str:
+        """The provider JWT, cached and renewed after ``token_ttl``."""
+        now = self._clock()
+        if force or self._token is None or now - self._token_iat >= self.config.token_ttl:
+            iat = int(now)
+            self._token = jwt.encode(
+                {"iss": self.config.team_id, "iat": iat},
+                self.config.private_key,
+                algorithm="ES256",
+                headers={"kid": self.config.key_id},
+            )
+            self._token_iat = float(iat)
+        return self._token
+
+    # ------------------------------------------------------------ send
+
+    def build_request(self, delivery: Delivery) -> tuple[str, dict[str, str], bytes]:
+        _, token = split_push_address(delivery.address)
+        content = delivery.content or {}
+        alert: dict[str, Any] = {}
+        for k in ("title", "subtitle", "body"):
+            if content.get(k):
+                alert[k] = content[k]
+        aps: dict[str, Any] = {}
+        push_type = content.get("push_type") or self.config.push_type
+        if alert:
+            aps["alert"] = alert
+        if "badge" in content:
+            aps["badge"] = content["badge"]
+        if content.get("sound"):
+            aps["sound"] = content["sound"]
+        if content.get("thread_id"):
+            aps["thread-id"] = content["thread_id"]
+        if content.get("category"):
+            aps["category"] = content["category"]
+        if not alert and content.get("content_available"):
+            aps["content-available"] = 1
+            push_type = "background"
+        payload: dict[str, Any] = {"aps": aps, "notify_id": delivery.delivery_id}
+        data = content.get("data")
+        if isinstance(data, dict):
+            for k, v in data.items():
+                if k != "aps":
+                    payload[k] = v
+        # background pushes must use priority 5
+        priority = "10" if delivery.priority == Priority.HIGH and push_type != "background" else "5"
+        expiration = 0 if self.config.expiration_s <= 0 else int(self._clock()) + int(self.config.expiration_s)
+        headers = {
+            "apns-topic": self.config.topic,
+            "apns-push-type": push_type,
+            "apns-priority": priority,
+            "apns-id": apns_id_for(delivery.delivery_id),
+            "apns-expiration": str(expiration),
+            "apns-collapse-id": collapse_id_for(delivery.delivery_id),
+            "content-type": "application/json",
+        }
+        return f"/3/device/{token}", headers, orjson.dumps(payload)
+
+    async def send(self, delivery: Delivery) -> SendResult:
+        sw = Stopwatch()
+        platform, token = split_push_address(delivery.address)
+        if platform == "fcm" or not token:
+            return SendResult(
+                AttemptResult.PERMANENT_ERROR,
+                self.name,
+                error=f"not an APNs address: {delivery.address[:40]!r}",
+                permanent_kind=PermanentKind.BAD_TOKEN,
+                latency_ms=sw.ms,
+            )
+        path, headers, body = self.build_request(delivery)
+        renewed = False
+        while True:
+            headers["authorization"] = f"bearer {self.bearer_token(force=False)}"
+            try:
+                resp = await self._client.post(path, content=body, headers=headers)
+            except Exception as exc:  # noqa: BLE001 - mapped, never raised
+                return exception_result(self.name, exc, sw.ms)
+            reason = response_json(resp).get("reason") if resp.status_code != 200 else None
+            if resp.status_code == 403 and reason in PROVIDER_TOKEN_REASONS and not renewed:
+                self.bearer_token(force=True)
+                renewed = True
+                continue
+            return self._map(resp, reason, headers["apns-id"], sw.ms)
+
+    def _map(self, resp: httpx.Response, reason: Optional[str], apns_id: str, latency_ms: float) -> SendResult:
+        status = resp.status_code
+        if status == 200:
+            return SendResult(
+                AttemptResult.ACCEPTED,
+                self.name,
+                provider_msg_id=resp.headers.get("apns-id", apns_id),
+                latency_ms=latency_ms,
+            )
+        err = f"{status} {reason or resp.reason_phrase}"
+        if reason in BAD_TOKEN_REASONS or status == 410:
+            return SendResult(
+                AttemptResult.PERMANENT_ERROR, self.name, error=err, permanent_kind=PermanentKind.BAD_TOKEN, latency_ms=latency_ms
+            )
+        if status == 429:
+            return SendResult(
+                AttemptResult.RATE_LIMITED,
+                self.name,
+                error=err,
+                retry_after=parse_retry_after(resp.headers.get("retry-after")),
+                latency_ms=latency_ms,
+            )
+        if status >= 500 or status == 403:
+            return SendResult(
+                AttemptResult.TRANSIENT_ERROR,
+                self.name,
+                error=("auth: " + err) if status == 403 else err,
+                retry_after=parse_retry_after(resp.headers.get("retry-after")),
+                latency_ms=latency_ms,
+            )
+        return SendResult(
+            AttemptResult.PERMANENT_ERROR,
+            self.name,
+            error=err,
+            permanent_kind=PermanentKind.INVALID_REQUEST,
+            latency_ms=latency_ms,
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,234 @@
+"""Firebase Cloud Messaging, HTTP v1 API.
+
+Wire protocol: ``POST /v1/projects/<project_id>/messages:send`` with
+``{"message": {"token", "notification": {"title", "body"}, "data": {...},
+"android": {"priority": "HIGH"|"NORMAL"}}}`` and ``Authorization: Bearer
+<OAuth 2.0 access token>``. The access token comes from Google's OAuth server
+through the service-account JWT bearer grant (RFC 7523): an RS256 JWT signed
+with the service account's private key (header ``kid`` = private_key_id;
+claims ``iss`` = client_email, ``scope`` = firebase.messaging, ``aud`` =
+token_uri, ``iat``, ``exp`` ≤ iat + 3600) POSTed form-encoded to ``token_uri``
+as ``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer&assertion=<jwt>``.
+The token is cached until shortly before ``expires_in``; a 401 renews it once.
+
+Errors are ``{"error": {"code", "message", "status", "details": [{"@type":
+"type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": ...}]}}``:
+UNREGISTERED (404), SENDER_ID_MISMATCH (403) and INVALID_ARGUMENT about the
+registration token (400) → PERMANENT_ERROR ``bad_token``; QUOTA_EXCEEDED (429)
+→ RATE_LIMITED; UNAVAILABLE (503) / INTERNAL (500) → TRANSIENT_ERROR.
+
+FCM has neither idempotency key nor status query: ``data.notify_id`` carries
+our delivery_id for the app to drop duplicates, and :meth:`query` answers
+``supported=False``. A real deployment passes the service-account JSON to
+:meth:`FcmConfig.from_service_account`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import httpx
+import jwt
+
+from pipeline.models import AttemptResult, Delivery, Priority
+
+from ._http import exception_result, make_client, response_json
+from .apns import split_push_address
+from .base import PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+
+__all__ = ["FcmConfig", "FcmProvider", "FCM_SCOPE", "JWT_BEARER_GRANT"]
+
+FCM_SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
+JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+BAD_TOKEN_CODES = frozenset({"UNREGISTERED", "SENDER_ID_MISMATCH"})
+
+
+@dataclass
+class FcmConfig:
+    project_id: str
+    client_email: str
+    private_key: str | bytes  #: PEM (RSA) from the service-account JSON
+    private_key_id: Optional[str] = None
+    token_uri: str = "https://oauth2.googleapis.com/token"
+    base_url: str = "https://fcm.googleapis.com"
+    scope: str = FCM_SCOPE
+    timeout: float = 10.0
+    connect_timeout: float = 5.0
+    token_lifetime: int = 3600
+    token_refresh_margin: float = 300.0  #: renew this long before expires_in runs out
+    ttl_s: int = 24 * 3600  #: android.ttl
+    http2: bool = False
+    verify: Any = True
+    max_connections: int = 50
+    name: str = "fcm"
+
+    @classmethod
+    def from_service_account(cls, info: Mapping[str, Any], **kw: Any) -> "FcmConfig":
+        """From a Google service-account JSON (``type: service_account``)."""
+        return cls(
+            project_id=info["project_id"],
+            client_email=info["client_email"],
+            private_key=info["private_key"],
+            private_key_id=info.get("private_key_id"),
+            token_uri=info.get("token_uri", "https://oauth2.googleapis.com/token"),
+            **kw,
+        )
+
+
+class FcmProvider(Provider):
+    channel = "push"
+
+    def __init__(
+        self,
+        config: FcmConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        client: Optional[httpx.AsyncClient] = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._clock = clock
+        self._client = client or make_client(
+            config.base_url,
+            timeout=config.timeout,
+            connect_timeout=config.connect_timeout,
+            http2=config.http2,
+            verify=config.verify,
+            max_connections=config.max_connections,
+        )
+        self._access_token: Optional[str] = None
+        self._expires_at: float = 0.0
+        self._lock = asyncio.Lock()
+        self.token_fetches = 0
+
+    # ------------------------------------------------------------ OAuth
+
+    def assertion(self) -> str:
+        now = int(self._clock())
+        claims = {
+            "iss": self.config.client_email,
+            "sub": self.config.client_email,
+            "scope": self.config.scope,
+            "aud": self.config.token_uri,
+            "iat": now,
+            "exp": now + self.config.token_lifetime,
+        }
+        headers = {"kid": self.config.private_key_id} if self.config.private_key_id else None
+        return jwt.encode(claims, self.config.private_key, algorithm="RS256", headers=headers)
+
+    def invalidate_token(self, token: Optional[str] = None) -> None:
+        """Drop the cached token (only if it is still ``token``, when given)."""
+        if token is None or token == self._access_token:
+            self._access_token = None
+
+    async def access_token(self) -> str:
+        """A cached OAuth access token; raises ``httpx.HTTPError`` / ``RuntimeError``.
+        One fetch at a time: concurrent senders wait for it instead of stampeding."""
+        if self._access_token and self._clock() < self._expires_at:
+            return self._access_token
+        async with self._lock:
+            if self._access_token and self._clock() < self._expires_at:
+                return self._access_token
+            resp = await self._client.post(
+                self.config.token_uri,
+                data={"grant_type": JWT_BEARER_GRANT, "assertion": self.assertion()},
+                headers={"accept": "application/json"},
+            )
+            self.token_fetches += 1
+            body = response_json(resp)
+            if resp.status_code != 200 or "access_token" not in body:
+                raise RuntimeError(f"oauth token: {resp.status_code} {body.get('error') or resp.text[:100]}")
+            self._access_token = str(body["access_token"])
+            lifetime = float(body.get("expires_in", 3600))
+            self._expires_at = self._clock() + max(0.0, lifetime - self.config.token_refresh_margin)
+            return self._access_token
+
+    # ------------------------------------------------------------ send
+
+    def build_message(self, delivery: Delivery) -> dict[str, Any]:
+        _, token = split_push_address(delivery.address)
+        content = delivery.content or {}
+        notification = {k: content[k] for k in ("title", "body") if content.get(k)}
+        data = {"notify_id": delivery.delivery_id}
+        extra = content.get("data")
+        if isinstance(extra, dict):
+            # FCM data values must be strings
+            data.update({str(k): v if isinstance(v, str) else str(v) for k, v in extra.items()})
+        message: dict[str, Any] = {
+            "token": token,
+            "data": data,
+            "android": {
+                "priority": "HIGH" if delivery.priority == Priority.HIGH else "NORMAL",
+                "ttl": f"{int(self.config.ttl_s)}s",
+            },
+        }
+        if notification:
+            message["notification"] = notification
+        return {"message": message}
+
+    async def send(self, delivery: Delivery) -> SendResult:
+        sw = Stopwatch()
+        platform, token = split_push_address(delivery.address)
+        if platform == "apns" or not token:
+            return SendResult(
+                AttemptResult.PERMANENT_ERROR,
+                self.name,
+                error=f"not an FCM address: {delivery.address[:40]!r}",
+                permanent_kind=PermanentKind.BAD_TOKEN,
+                latency_ms=sw.ms,
+            )
+        body = self.build_message(delivery)
+        path = f"/v1/projects/{self.config.project_id}/messages:send"
+        renewed = False
+        while True:
+            try:
+                bearer = await self.access_token()
+            except Exception as exc:  # noqa: BLE001 - the message never left
+                return SendResult(AttemptResult.TRANSIENT_ERROR, self.name, error=f"auth: {exc}"[:300], latency_ms=sw.ms)
+            try:
+                resp = await self._client.post(path, json=body, headers={"authorization": f"Bearer {bearer}"})
+            except Exception as exc:  # noqa: BLE001
+                return exception_result(self.name, exc, sw.ms)
+            if resp.status_code == 401 and not renewed:
+                renewed = True
+                self.invalidate_token(bearer)
+                continue
+            return self._map(resp, sw.ms)
+
+    def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
+        status = resp.status_code
+        body = response_json(resp)
+        if status == 200:
+            return SendResult(AttemptResult.ACCEPTED, self.name, provider_msg_id=body.get("name"), latency_ms=latency_ms)
+        err = body.get("error") if isinstance(body.get("error"), dict) else {}
+        gstatus = err.get("status") or ""
+        code = gstatus
+        for d in err.get("details") or ():
+            if isinstance(d, dict) and d.get("errorCode"):
+                code = d["errorCode"]
+        message = str(err.get("message") or resp.reason_phrase)
+        error = f"{status} {code}: {message}"[:300]
+        retry_after = parse_retry_after(resp.headers.get("retry-after"))
+        if code in BAD_TOKEN_CODES or (code == "INVALID_ARGUMENT" and "token" in message.lower()):
+            return SendResult(
+                AttemptResult.PERMANENT_ERROR, self.name, error=error, permanent_kind=PermanentKind.BAD_TOKEN, latency_ms=latency_ms
+            )
+        if status == 429 or code == "QUOTA_EXCEEDED":
+            return SendResult(AttemptResult.RATE_LIMITED, self.name, error=error, retry_after=retry_after, latency_ms=latency_ms)
+        if status >= 500 or status in (401, 403, 408):
+            if status in (401, 403):
+                error = "auth: " + error
+            return SendResult(AttemptResult.TRANSIENT_ERROR, self.name, error=error, retry_after=retry_after, latency_ms=latency_ms)
+        return SendResult(
+            AttemptResult.PERMANENT_ERROR,
+            self.name,
+            error=error,
+            permanent_kind=PermanentKind.INVALID_REQUEST,
+            latency_ms=latency_ms,
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()

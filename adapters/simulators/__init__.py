@@ -1,0 +1,235 @@
+"""Local provider simulators: real servers on 127.0.0.1 speaking each
+provider's protocol, for tests, fault drills and the embedded demo.
+
+=========  ===================================  ==========================================
+simulator  protocol                             auth
+=========  ===================================  ==========================================
+apns       HTTP/2 cleartext (prior knowledge)   ES256 provider JWT (kid / iss / iat)
+fcm        HTTP/1.1, FCM v1 + OAuth token URL   RS256 JWT grant → Bearer access token
+twilio     HTTP/1.1, Twilio Messages API        Basic AccountSid:AuthToken
+smsvendor  HTTP/1.1, JSON vendor API            X-Api-Key
+smtp       SMTP (aiosmtpd), optional STARTTLS   optional AUTH PLAIN/LOGIN
+webhook    HTTP/1.1 receiver                    verifies X-Notify-Signature
+=========  ===================================  ==========================================
+
+Every HTTP simulator serves ``POST /_sim/mode`` (``{"mode": "ok"|"down"|
+"slow"|"flaky"|"ratelimit"|"timeout", "status"?, "delay"?, "rate"?,
+"retry_after"?, "for_s"?, "count"?}``), ``GET /_sim/ledger[?key=<delivery_id>]``
+and ``POST /_sim/reset``; in process the same is ``sims.twilio.core.set_mode(...)``,
+``.core.ledger_view(key)``, ``.core.calls(key)``. Per-message scenarios are
+listed in :mod:`adapters.simulators.common` and each simulator's module.
+
+Use::
+
+    sims = await start_all("http://127.0.0.1:8080/v1/receipts")  # receipts → <url>/<provider>
+    providers = sims.build_providers()      # {"apns": ApnsProvider, "twilio": ..., ...}
+    ...
+    await sims.stop()
+
+``python -m adapters.simulators`` runs them standalone and prints the URLs and
+generated credentials as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..apns import ApnsConfig, ApnsProvider
+from ..base import Provider
+from ..email_smtp import SmtpConfig, SmtpProvider
+from ..fcm import FcmConfig, FcmProvider
+from ..inbox import InboxProvider
+from ..receipts import MemoryReplayGuard, ReceiptVerifier, ReplayGuard
+from ..sms_twilio import TwilioConfig, TwilioSmsProvider
+from ..sms_vendor import VendorSmsConfig, VendorSmsProvider
+from ..webhook import WebhookConfig, WebhookProvider
+from .apns_sim import ApnsSim
+from .common import SimProfile
+from .fcm_sim import FcmSim
+from .smtp_sim import SmtpSim
+from .twilio_sim import IDEMPOTENCY_HEADER, RECONCILE_PARAM, TwilioSim
+from .vendor_sim import VendorSim
+from .webhook_sim import WebhookSim
+
+__all__ = ["Simulators", "SimProfile", "start_all"]
+
+
+def _receipt_url(base: Optional[str], provider: str) -> Optional[str]:
+    if not base:
+        return None
+    if "{provider}" in base:
+        return base.format(provider=provider)
+    return base.rstrip("/") + "/" + provider
+
+
+@dataclass
+class Simulators:
+    apns: ApnsSim
+    fcm: FcmSim
+    twilio: TwilioSim
+    vendor: VendorSim
+    smtp: SmtpSim
+    webhook: WebhookSim
+    receipts_url: Optional[str] = None
+    _started: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def all(self) -> dict[str, Any]:
+        return {"apns": self.apns, "fcm": self.fcm, "twilio": self.twilio, "smsvendor": self.vendor, "smtp": self.smtp, "webhook": self.webhook}
+
+    def urls(self) -> dict[str, str]:
+        return {
+            "apns": self.apns.base_url,
+            "fcm": self.fcm.base_url,
+            "fcm_token_uri": self.fcm.token_uri,
+            "twilio": self.twilio.base_url,
+            "smsvendor": self.vendor.base_url,
+            "smtp": f"smtp://{self.smtp.host}:{self.smtp.port}",
+            "webhook": self.webhook.url("ok"),
+        }
+
+    # ------------------------------------------------------------ provider configs
+
+    def provider_configs(self, timeout: float = 5.0) -> dict[str, Any]:
+        """Adapter configs pointing at the simulators: swapping these for the
+        real endpoints and credentials is the whole difference in production."""
+        apns = self.apns.credentials()
+        return {
+            "apns": ApnsConfig(base_url=self.apns.base_url, timeout=timeout, **apns),
+            "fcm": FcmConfig.from_service_account(self.fcm.service_account(), base_url=self.fcm.base_url, timeout=timeout),
+            "twilio": TwilioConfig(
+                account_sid=self.twilio.account_sid,
+                auth_token=self.twilio.auth_token,
+                from_number=self.twilio.from_number,
+                base_url=self.twilio.base_url,
+                status_callback=_receipt_url(self.receipts_url, "twilio"),
+                idempotency_header=IDEMPOTENCY_HEADER,
+                reconcile_param=RECONCILE_PARAM,
+                timeout=timeout,
+            ),
+            "smsvendor": VendorSmsConfig(
+                api_key=self.vendor.api_key,
+                base_url=self.vendor.base_url,
+                sender="NOTIFY",
+                callback_url=_receipt_url(self.receipts_url, "smsvendor"),
+                timeout=timeout,
+            ),
+            "smtp": SmtpConfig(
+                host=self.smtp.host,
+                port=self.smtp.port,
+                username=self.smtp.username,
+                password=self.smtp.password,
+                start_tls=True if self.smtp.tls else False,
+                tls_context=self.smtp.client_tls_context(),
+                timeout=timeout,
+                from_addr="notify@example.com",
+                msgid_domain="notify.example.com",
+            ),
+            "webhook": WebhookConfig(secret=self.webhook.secret, allow=("127.0.0.0/8", "::1"), timeout=timeout),
+        }
+
+    def build_providers(self, timeout: float = 5.0) -> dict[str, Provider]:
+        c = self.provider_configs(timeout)
+        return {
+            "apns": ApnsProvider(c["apns"]),
+            "fcm": FcmProvider(c["fcm"]),
+            "twilio": TwilioSmsProvider(c["twilio"]),
+            "smsvendor": VendorSmsProvider(c["smsvendor"]),
+            "smtp": SmtpProvider(c["smtp"]),
+            "webhook": WebhookProvider(c["webhook"]),
+            "inbox": InboxProvider(),
+        }
+
+    def receipt_verifier(self, guard: Optional[ReplayGuard] = None, **kw: Any) -> ReceiptVerifier:
+        return ReceiptVerifier(
+            twilio_auth_token=self.twilio.auth_token,
+            vendor_secret=self.vendor.webhook_secret,
+            guard=guard or MemoryReplayGuard(),
+            **kw,
+        )
+
+    # ------------------------------------------------------------ ledgers
+
+    def ledger(self, key: Optional[str] = None) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for sim in self.all.values():
+            rows.extend(sim.core.ledger_view(key))
+        rows.sort(key=lambda r: r["t"])
+        return rows
+
+    def calls(self, key: str) -> dict[str, int]:
+        """Provider send calls per simulator for one delivery id."""
+        return {name: n for name, sim in self.all.items() if (n := sim.core.calls(key))}
+
+    def set_profile(self, profile: SimProfile) -> None:
+        for sim in self.all.values():
+            sim.core.profile = profile
+            sim.core.rng = random.Random(profile.seed)
+
+    def reset(self) -> None:
+        for sim in self.all.values():
+            sim.core.reset()
+
+    def as_dict(self) -> dict[str, Any]:
+        """URLs and generated credentials (JSON-able) for an external process."""
+        return {
+            "urls": self.urls(),
+            "receipts_url": self.receipts_url,
+            "apns": {**self.apns.credentials(), "base_url": self.apns.base_url},
+            "fcm": {"service_account": self.fcm.service_account(), "base_url": self.fcm.base_url},
+            "twilio": {**self.twilio.credentials(), "base_url": self.twilio.base_url, "reconcile_param": RECONCILE_PARAM},
+            "smsvendor": {**self.vendor.credentials(), "base_url": self.vendor.base_url},
+            "smtp": {**self.smtp.credentials(), "cert_pem": self.smtp.cert_pem.decode() if self.smtp.cert_pem else None},
+            "webhook": {**self.webhook.credentials(), "url": self.webhook.url("ok")},
+        }
+
+    async def stop(self) -> None:
+        for sim in reversed(self._started):
+            with contextlib.suppress(Exception):
+                await sim.stop()
+        self._started.clear()
+
+
+async def start_all(
+    receipts_url: Optional[str] = None,
+    *,
+    profile: Optional[SimProfile] = None,
+    host: str = "127.0.0.1",
+    smtp_tls: bool = False,
+    smtp_auth: bool = False,
+) -> Simulators:
+    """Start every simulator on ``host`` (ephemeral ports). ``receipts_url``:
+    where SMS receipts go, as ``<receipts_url>/<provider>`` (or a template with
+    ``{provider}``); ``profile``: random behaviour (default: realistic, mostly
+    successful); ``smtp_tls``/``smtp_auth``: require STARTTLS / AUTH."""
+    profile = profile or SimProfile.realistic()
+    sims = Simulators(
+        apns=ApnsSim(profile, host=host),
+        fcm=FcmSim(profile, host=host),
+        twilio=TwilioSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "twilio")),
+        vendor=VendorSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "smsvendor")),
+        smtp=SmtpSim(
+            profile,
+            host=host,
+            tls=smtp_tls,
+            username="notify" if smtp_auth else None,
+            password=secrets.token_hex(8) if smtp_auth else None,
+        ),
+        webhook=WebhookSim(profile, host=host),
+        receipts_url=receipts_url,
+    )
+    # separate SimCore per simulator but one profile object: give each its own rng
+    for i, sim in enumerate(sims.all.values()):
+        sim.core.rng = random.Random(None if profile.seed is None else profile.seed + i)
+    try:
+        for sim in sims.all.values():
+            await sim.start()
+            sims._started.append(sim)
+    except BaseException:
+        await sims.stop()
+        raise
+    return sims

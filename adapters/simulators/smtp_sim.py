@@ -1,0 +1,185 @@
+"""SMTP simulator: aiosmtpd's SMTP protocol served on 127.0.0.1.
+
+It runs on the caller's event loop (``loop.create_server`` with aiosmtpd's
+``SMTP`` protocol, which is what aiosmtpd's ``Controller`` does in a thread of
+its own), so the ledger is read without cross-thread races.
+
+Options: ``tls=True`` offers STARTTLS with a self-signed certificate generated
+in memory (clients trust :attr:`SmtpSim.cert_pem`) and requires it;
+``username``/``password`` require AUTH (PLAIN/LOGIN).
+
+Scenarios by the recipient's local part prefix: ``bounce…`` → 550 5.1.1 at
+RCPT, ``tempfail…`` / ``flaky…`` → 451 at RCPT on the first try for that
+address, ``error…`` → 451 at DATA always, ``reject…`` → 554 at DATA,
+``slow…`` → slow DATA answer, ``hang…`` → message recorded at DATA, then no
+answer (the UNKNOWN case). The runtime mode applies at DATA (down / flaky /
+ratelimit → 451, timeout → hang, slow → delay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import ssl
+import time
+import weakref
+from email import message_from_bytes, policy
+from typing import Any, Optional
+
+from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
+
+from .common import SimCore, SimProfile
+from .tls import client_tls_context, server_tls_context
+
+__all__ = ["SmtpSim"]
+
+
+def _scenario(address: str) -> Optional[str]:
+    local = address.split("@", 1)[0].lower()
+    for prefix in ("bounce", "tempfail", "flaky", "error", "reject", "slow", "hang"):
+        if local.startswith(prefix):
+            return prefix
+    return None
+
+
+class _Handler:
+    def __init__(self, sim: "SmtpSim") -> None:
+        self.sim = sim
+
+    async def handle_RCPT(self, server: SMTP, session: Any, envelope: Any, address: str, rcpt_options: list[str]) -> str:
+        core = self.sim.core
+        sc = _scenario(address)
+        if sc == "bounce":
+            core.record(op="send", stage="rcpt", key="", to=address, status=550, outcome="bounce", accepted=False)
+            return "550 5.1.1 <%s>: Recipient address rejected: User unknown" % address
+        if sc in ("tempfail", "flaky"):
+            core.attempts["rcpt:" + address] += 1
+            if core.attempts["rcpt:" + address] == 1:
+                core.record(op="send", stage="rcpt", key="", to=address, status=451, outcome="tempfail", accepted=False)
+                return "451 4.3.0 <%s>: Temporary lookup failure" % address
+        envelope.rcpt_tos.append(address)
+        return "250 2.1.5 OK"
+
+    async def handle_DATA(self, server: SMTP, session: Any, envelope: Any) -> str:
+        sim = self.sim
+        core = sim.core
+        raw: bytes = envelope.original_content or envelope.content
+        msg = message_from_bytes(raw, policy=policy.default)
+        key = str(msg.get("X-Notify-Id", "") or "")
+        to = ",".join(envelope.rcpt_tos)
+        sc = _scenario(envelope.rcpt_tos[0]) if envelope.rcpt_tos else None
+        entry: dict[str, Any] = {"op": "send", "stage": "data", "key": key, "to": to, "message_id": msg.get("Message-ID")}
+        d = core.decide(key or to, "hang" if sc == "hang" else ("slow" if sc == "slow" else None))
+        if sc == "error" and d.action == "ok":
+            d.action, d.status = "error", 451
+        if sc == "reject" and d.action == "ok":
+            d.action = "permanent"
+        if d.delay:
+            await asyncio.sleep(d.delay)
+        if d.action in ("error", "ratelimit"):
+            core.record(**entry, status=451, outcome=d.action, cause=d.cause, accepted=False)
+            return "451 4.3.0 Temporary failure, try again later"
+        if d.action == "permanent":
+            core.record(**entry, status=554, outcome="rejected", cause=d.cause, accepted=False)
+            return "554 5.7.1 Message rejected by policy"
+        queue_id = secrets.token_hex(6).upper()
+        core.messages[queue_id] = {
+            "queue_id": queue_id,
+            "key": key,
+            "mail_from": envelope.mail_from,
+            "rcpt_tos": list(envelope.rcpt_tos),
+            "message_id": msg.get("Message-ID"),
+            "subject": msg.get("Subject"),
+            "raw": raw,
+            "auth": getattr(session, "auth_data", None) is not None or getattr(session, "authenticated", False),
+            "tls": getattr(session, "ssl", None) is not None,
+            "at": time.time(),
+        }
+        if key:
+            core.by_key[key] = queue_id
+        if d.action == "hang":
+            core.record(**entry, status="hang", outcome="queued_no_answer", cause=d.cause, accepted=True, msg_id=queue_id)
+            await asyncio.sleep(core.profile.hang_s)
+        else:
+            core.record(**entry, status=250, outcome="queued", cause=d.cause, accepted=True, msg_id=queue_id)
+        return f"250 2.0.0 Ok: queued as {queue_id}"
+
+
+class SmtpSim:
+    name = "smtp"
+
+    def __init__(
+        self,
+        profile: Optional[SimProfile] = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: bool = False,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+    ) -> None:
+        self.core = SimCore(self.name, profile or SimProfile.realistic())
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.username = username
+        self.password = password
+        self.cert_pem: Optional[bytes] = None
+        self._tls_context: Optional[ssl.SSLContext] = None
+        self._server: Optional[asyncio.AbstractServer] = None
+        self._handler = _Handler(self)
+        self._protocols: weakref.WeakSet[SMTP] = weakref.WeakSet()
+
+    def credentials(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "username": self.username, "password": self.password, "starttls": self.tls}
+
+    def client_tls_context(self) -> Optional[ssl.SSLContext]:
+        """An SSL context that trusts the simulator's self-signed certificate."""
+        if self.cert_pem is None:
+            return None
+        return client_tls_context(self.cert_pem)
+
+    def _authenticator(self, server: SMTP, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+        if isinstance(auth_data, LoginPassword):
+            ok = secrets.compare_digest(auth_data.login, (self.username or "").encode()) and secrets.compare_digest(
+                auth_data.password, (self.password or "").encode()
+            )
+            return AuthResult(success=ok, handled=False)
+        return AuthResult(success=False, handled=False)
+
+    def _factory(self) -> SMTP:
+        kw: dict[str, Any] = {"hostname": "smtp.sim.invalid", "ident": "notify-sim ESMTP", "timeout": 60}
+        if self._tls_context is not None:
+            kw.update(tls_context=self._tls_context, require_starttls=True)
+        if self.username:
+            kw.update(auth_required=True, authenticator=self._authenticator, auth_require_tls=self._tls_context is not None)
+        proto = SMTP(self._handler, **kw)
+        self._protocols.add(proto)
+        return proto
+
+    async def start(self) -> tuple[str, int]:
+        if self.tls:
+            self.cert_pem, self._tls_context = server_tls_context(self.host, "localhost")
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._factory, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.host, self.port
+
+    async def stop(self) -> None:
+        await self.core.close()
+        if self._server is None:
+            return
+        self._server.close()
+        for proto in list(self._protocols):
+            transport = getattr(proto, "transport", None)
+            if transport is not None:
+                transport.close()
+            task = getattr(proto, "_handler_coroutine", None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        self._server = None
