@@ -1,0 +1,322 @@
+"""Settings: ``config/defaults.toml`` merged with an optional user TOML file and a few
+environment variables, validated once at load into frozen dataclasses.
+
+Rule: any bad value fails at load with :class:`ConfigError` naming the key and the
+value, never later inside an agent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = [
+    "CHANNELS",
+    "PRIORITIES",
+    "ConfigError",
+    "ChannelConfig",
+    "CategoryConfig",
+    "Settings",
+    "load_settings",
+    "DEFAULTS_PATH",
+    "PACKAGE_TEMPLATES_DIR",
+]
+
+#: The channels the code knows; a config cannot add one (there would be no adapter).
+CHANNELS: tuple[str, ...] = ("inbox", "push", "sms", "email", "webhook")
+#: Same values as ``pipeline.models.Priority.ALL`` (kept here so config has no deps).
+PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
+
+DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
+PACKAGE_TEMPLATES_DIR = Path(__file__).with_name("templates")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_LOCALE_RE = re.compile(r"^[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*$")
+_EXEMPT = ("exempt", "none")
+
+
+class ConfigError(ValueError):
+    """A bad setting: ``key`` is the dotted key, ``value`` what was found."""
+
+    def __init__(self, msg: str, key: str | None = None, value: Any = None) -> None:
+        super().__init__(msg)
+        self.key = key
+        self.value = value
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Limits of one channel. Lengths in code points; None = no limit."""
+
+    name: str
+    max_length: int | None = None
+    title_max_length: int | None = None
+    lane_batch_size: int = 100
+
+
+@dataclass(frozen=True)
+class CategoryConfig:
+    """Routing and guard rules of one notification category."""
+
+    name: str
+    priority: str
+    daily_limit: int | None  # None = exempt from the daily cap
+    dedup_window_s: int
+    inbox_fallback: bool
+    default_channels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Settings:
+    templates_dir: str
+    default_locale: str
+    max_event_bytes: int
+    max_recipients: int
+    max_params_depth: int
+    redis_url: str | None  # None = start an embedded server
+    data_dir: str
+    partitions: int
+    db_path: str
+    channels: Mapping[str, ChannelConfig]
+    categories: Mapping[str, CategoryConfig]
+
+    def category(self, name: str) -> CategoryConfig:
+        """The category's config; KeyError when unknown."""
+        return self.categories[name]
+
+    def channel_limits(self) -> dict[str, dict[str, int]]:
+        """``{channel: {part: max_length}}`` for :class:`pipeline.templates.Renderer`."""
+        out: dict[str, dict[str, int]] = {}
+        for name, ch in self.channels.items():
+            limits: dict[str, int] = {}
+            if ch.max_length is not None and name != "email":
+                limits["body"] = ch.max_length
+            if ch.title_max_length is not None:
+                limits["subject" if name == "email" else "title"] = ch.title_max_length
+            out[name] = limits
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] = os.environ) -> Settings:
+    """Defaults, then the user file (``path`` or ``$NOTIFY_CONFIG``), then env vars."""
+    raw = _read_toml(DEFAULTS_PATH)
+    user_dir: Path | None = None
+    path = path or env.get("NOTIFY_CONFIG") or None
+    if path:
+        user_path = Path(path)
+        raw = _merge(raw, _read_toml(user_path))
+        user_dir = user_path.resolve().parent
+    return _build(raw, env, user_dir)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {str(path)!r}", "NOTIFY_CONFIG", str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}", None, str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}", None, str(path)) from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Tables merge recursively; any other value in ``over`` replaces the default."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+_TOP_KEYS = {
+    "templates_dir",
+    "default_locale",
+    "max_event_bytes",
+    "max_recipients",
+    "max_params_depth",
+    "redis_url",
+    "data_dir",
+    "partitions",
+    "db_path",
+    "channels",
+    "categories",
+}
+_CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size"}
+_CATEGORY_KEYS = {"priority", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels"}
+
+
+def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -> Settings:
+    _no_unknown(raw, _TOP_KEYS, "")
+
+    tdir = raw.get("templates_dir", "")
+    if not isinstance(tdir, str):
+        raise _bad("templates_dir", tdir, "a path string")
+    if tdir == "":
+        tpath = PACKAGE_TEMPLATES_DIR
+    else:
+        tpath = Path(tdir).expanduser()
+        if not tpath.is_absolute() and user_dir is not None:
+            tpath = user_dir / tpath
+    if not tpath.is_dir():
+        raise ConfigError(f"templates_dir: not a directory: {str(tpath)!r}", "templates_dir", tdir)
+
+    locale = raw.get("default_locale", "en")
+    if not isinstance(locale, str) or not _LOCALE_RE.match(locale):
+        raise _bad("default_locale", locale, "a locale like 'en' or 'zh-CN'")
+
+    data_dir = env.get("NOTIFY_DATA_DIR") or raw.get("data_dir", "./data")
+    if not isinstance(data_dir, str) or not data_dir:
+        raise _bad("data_dir", data_dir, "a non-empty path string")
+    db_path = env.get("NOTIFY_DB") or raw.get("db_path") or os.path.join(data_dir, "records.db")
+    if not isinstance(db_path, str):
+        raise _bad("db_path", db_path, "a path string")
+    redis_url = env.get("REDIS_URL") or raw.get("redis_url") or None
+    if redis_url is not None and (not isinstance(redis_url, str) or "://" not in redis_url):
+        raise _bad("redis_url", redis_url, "a URL like redis://host:6379/0")
+    if env.get("NOTIFY_PARTITIONS"):
+        part_raw: Any = env["NOTIFY_PARTITIONS"]
+        try:
+            part_raw = int(part_raw)
+        except ValueError:
+            raise _bad("NOTIFY_PARTITIONS", part_raw, "an integer ≥ 1") from None
+        partitions = _int("NOTIFY_PARTITIONS", part_raw, 1)
+    else:
+        partitions = _int("partitions", raw.get("partitions", 8), 1)
+
+    channels = _channels(raw.get("channels", {}))
+    categories = _categories(raw.get("categories", {}))
+
+    return Settings(
+        templates_dir=str(tpath.resolve()),
+        default_locale=locale,
+        max_event_bytes=_int("max_event_bytes", raw.get("max_event_bytes", 262144), 1),
+        max_recipients=_int("max_recipients", raw.get("max_recipients", 10000), 1),
+        max_params_depth=_int("max_params_depth", raw.get("max_params_depth", 8), 1),
+        redis_url=redis_url,
+        data_dir=data_dir,
+        partitions=partitions,
+        db_path=db_path,
+        channels=MappingProxyType(channels),
+        categories=MappingProxyType(categories),
+    )
+
+
+def _channels(raw: Any) -> dict[str, ChannelConfig]:
+    if not isinstance(raw, dict):
+        raise _bad("channels", raw, "a table")
+    out: dict[str, ChannelConfig] = {}
+    for name, table in raw.items():
+        if name not in CHANNELS:
+            raise ConfigError(
+                f"channels.{name}: unknown channel {name!r} (known: {', '.join(CHANNELS)})", f"channels.{name}", name
+            )
+        if not isinstance(table, dict):
+            raise _bad(f"channels.{name}", table, "a table")
+        _no_unknown(table, _CHANNEL_KEYS, f"channels.{name}.")
+        out[name] = ChannelConfig(
+            name=name,
+            max_length=_opt_int(f"channels.{name}.max_length", table.get("max_length"), 1),
+            title_max_length=_opt_int(f"channels.{name}.title_max_length", table.get("title_max_length"), 1),
+            lane_batch_size=_int(f"channels.{name}.lane_batch_size", table.get("lane_batch_size", 100), 1),
+        )
+    for name in CHANNELS:  # every known channel has a config, even if the files dropped one
+        out.setdefault(name, ChannelConfig(name=name))
+    return {name: out[name] for name in CHANNELS}
+
+
+def _categories(raw: Any) -> dict[str, CategoryConfig]:
+    if not isinstance(raw, dict):
+        raise _bad("categories", raw, "a table")
+    if not raw:
+        raise ConfigError("categories: at least one category is needed", "categories", raw)
+    out: dict[str, CategoryConfig] = {}
+    for name, table in raw.items():
+        key = f"categories.{name}"
+        if not _NAME_RE.match(name):
+            raise _bad(key, name, "a category name of a-z, 0-9 and _ starting with a letter")
+        if not isinstance(table, dict):
+            raise _bad(key, table, "a table")
+        _no_unknown(table, _CATEGORY_KEYS, key + ".")
+        for required in ("priority", "dedup_window_s", "inbox_fallback", "default_channels"):
+            if required not in table:
+                raise ConfigError(f"{key}.{required}: missing", f"{key}.{required}", None)
+
+        priority = table["priority"]
+        if priority not in PRIORITIES:
+            raise ConfigError(
+                f"{key}.priority: unknown priority {priority!r} (known: {', '.join(PRIORITIES)})",
+                f"{key}.priority",
+                priority,
+            )
+        limit_raw = table.get("daily_limit")
+        if limit_raw is None or (isinstance(limit_raw, str) and limit_raw.lower() in _EXEMPT):
+            daily_limit = None
+        else:
+            if isinstance(limit_raw, str):
+                raise _bad(f"{key}.daily_limit", limit_raw, 'an integer ≥ 0 or "exempt"')
+            daily_limit = _int(f"{key}.daily_limit", limit_raw, 0)
+        inbox_fallback = table["inbox_fallback"]
+        if not isinstance(inbox_fallback, bool):
+            raise _bad(f"{key}.inbox_fallback", inbox_fallback, "true or false")
+        chans = table["default_channels"]
+        if not isinstance(chans, list) or not chans:
+            raise _bad(f"{key}.default_channels", chans, "a non-empty list of channels")
+        for ch in chans:
+            if ch not in CHANNELS:
+                raise ConfigError(
+                    f"{key}.default_channels: unknown channel {ch!r} (known: {', '.join(CHANNELS)})",
+                    f"{key}.default_channels",
+                    ch,
+                )
+        out[name] = CategoryConfig(
+            name=name,
+            priority=priority,
+            daily_limit=daily_limit,
+            dedup_window_s=_int(f"{key}.dedup_window_s", table["dedup_window_s"], 0),
+            inbox_fallback=inbox_fallback,
+            default_channels=tuple(dict.fromkeys(chans)),
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _bad(key: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"{key}: expected {expected}, got {value!r}", key, value)
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(key, value, f"an integer ≥ {minimum}")
+    if value < minimum:
+        what = "negative" if value < 0 else "too small"
+        raise ConfigError(f"{key}: {what} value {value!r} (must be ≥ {minimum})", key, value)
+    return value
+
+
+def _opt_int(key: str, value: Any, minimum: int) -> int | None:
+    return None if value is None else _int(key, value, minimum)
+
+
+def _no_unknown(table: dict[str, Any], allowed: set[str], prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(
+                f"{prefix}{key}: unknown setting (known: {', '.join(sorted(allowed))})", f"{prefix}{key}", table[key]
+            )

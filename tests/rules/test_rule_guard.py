@@ -1,0 +1,81 @@
+"""pipeline.rules.guard: seed 000's GUARD order, day keys in the user's zone."""
+
+from datetime import datetime, timezone
+
+import pytest
+from hypothesis import given, strategies as st
+
+from pipeline.rules.guard import (
+    COUNTER_TTL_S,
+    DUPLICATE,
+    OVER_LIMIT,
+    PASS,
+    check,
+    counter_key,
+    day_key,
+    dedup_key,
+    is_duplicate,
+)
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    "seen, window, count, limit, expected",
+    [
+        (None, 300, 0, 3, PASS),
+        (None, 300, 2, 3, PASS),
+        (None, 300, 3, 3, OVER_LIMIT),
+        (None, 300, 99, None, PASS),  # exempt
+        (None, 300, 0, 0, OVER_LIMIT),
+        (NOW - 10, 300, 0, 3, DUPLICATE),
+        (NOW - 10, 300, 3, 3, DUPLICATE),  # dedup is checked first
+        (NOW - 300, 300, 0, 3, PASS),  # expired exactly at the window's end
+        (NOW - 301, 300, 3, 3, OVER_LIMIT),
+        (NOW + 5, 300, 0, 3, DUPLICATE),  # clock skew: seen "in the future"
+        (NOW, 0, 0, 3, PASS),  # window 0 = no dedup
+    ],
+)
+def test_check(seen, window, count, limit, expected):
+    assert check(seen, NOW, window, count, limit) == expected
+
+
+finite = st.floats(min_value=0, max_value=4e9, allow_nan=False)
+
+
+@given(st.none() | finite, finite, st.integers(0, 10**6), st.integers(0, 1000), st.none() | st.integers(0, 1000))
+def test_check_properties(seen, now, window, count, limit):
+    result = check(seen, now, window, count, limit)
+    within = seen is not None and now - seen < window
+    assert (result == DUPLICATE) == within
+    assert (result == OVER_LIMIT) == (not within and limit is not None and count >= limit)
+    assert is_duplicate(seen, now, window) == within
+
+
+def test_day_key_uses_the_users_zone():
+    ts = datetime(2024, 1, 1, 20, 0, tzinfo=timezone.utc).timestamp()
+    assert day_key("UTC", ts) == "2024-01-01"
+    assert day_key("Asia/Shanghai", ts) == "2024-01-02"
+    assert day_key("America/Los_Angeles", ts) == "2024-01-01"
+    assert day_key("Pacific/Kiritimati", datetime(2024, 1, 1, 10, 0, tzinfo=timezone.utc).timestamp()) == "2024-01-02"
+
+
+@pytest.mark.parametrize("tz", [None, "", "Not/AZone", "../../etc/passwd", "/etc/localtime"])
+def test_day_key_bad_zone_is_utc(tz):
+    ts = datetime(2024, 1, 1, 23, 59, tzinfo=timezone.utc).timestamp()
+    assert day_key(tz, ts) == "2024-01-01"
+
+
+def test_counter_key():
+    assert counter_key("u:1", "marketing", "2024-01-02") == "freq:u:1:marketing:2024-01-02"
+    assert counter_key("u:1", "marketing", "2024-01-02").rsplit(":", 2)[1:] == ["marketing", "2024-01-02"]
+    assert COUNTER_TTL_S == 2 * 86400
+
+
+def test_dedup_key_ignores_param_order():
+    a = dedup_key("u1", "promo", {"a": 1, "b": [1, 2]})
+    assert a == dedup_key("u1", "promo", {"b": [1, 2], "a": 1})
+    assert a != dedup_key("u2", "promo", {"a": 1, "b": [1, 2]})
+    assert a != dedup_key("u1", "promo", {"a": 2, "b": [1, 2]})
+    assert dedup_key("u1", "promo", None) == dedup_key("u1", "promo", {})
+    assert dedup_key("u1", "promo", {"x": object()})  # not JSON: still a key
