@@ -1,0 +1,15 @@
+"""Agents: thin async loops that read a stream, call the rules, and send.
+
+    expand     notify.events   → notify.intents (and notify.dlq)
+    guard      notify.intents  → outcomes, lanes, timers
+    lane.*     notify.send.<channel>.<priority> → providers → outcomes, timers, dlq
+    scheduler  notify.timers   → intents / lanes when due
+    records    notify.outcomes → SQLite record store
+    receipts   notify.receipts → DELIVERED / UNDELIVERED
+    preferences, devices       → the user tables
+"""
+
+from . import expand, guard, lanes, receipts, scheduler, sink, users  # noqa: F401
+from pipeline.app import app  # noqa: E402
+
+__all__ = ["app"]

@@ -108,6 +108,8 @@ class Intent(_Record):
     locale: Optional[str] = None
     send_at: Optional[float] = None
     accepted_at: float = 0.0
+    #: set when a deferred intent comes back from the scheduler (quiet hours passed)
+    resumed: bool = False
     v: int = SCHEMA_VERSION
 
 
@@ -172,6 +174,8 @@ class Outcome(_Record):
     attempt: Optional[Attempt] = None
     accepted_at: float = 0.0
     latency_ms: float = 0.0
+    #: human detail of the reason (e.g. which template variable was missing)
+    detail: Optional[str] = None
     v: int = SCHEMA_VERSION
 
 

@@ -1,0 +1,49 @@
+"""Changelog-backed Faust tables, all partitioned by user_id (they live with the
+user's partition of ``notify.intents`` and the lanes, and move with it).
+
+=============  ==========================================  ===========================
+table          key → value                                 written by
+=============  ==========================================  ===========================
+preferences    user_id → Preferences                       agents.users (notify.preferences)
+devices        user_id → [[platform, token, at], ...]      agents.users (notify.devices)
+dedup          "<user>|<biz_key>|<channel>" → first seen    agents.guard
+daily          "<user>|<category>|<local day>" → count     agents.guard (two days kept)
+timers         timer_id → Timer                            agents.scheduler
+=============  ==========================================  ===========================
+
+Dedup and daily keys of expired windows are removed by the guard's purge
+(tombstones), and the transport's compactor then drops their history.
+"""
+
+from pipeline.app import app, settings
+from pipeline.models import Preferences, Timer
+
+__all__ = ["preferences", "devices", "dedup", "daily", "timers"]
+
+_P = settings.partitions
+
+preferences = app.Table("preferences", default=None, value_type=Preferences, partitions=_P)
+devices = app.Table("devices", default=None, partitions=_P)
+dedup = app.Table("dedup", default=None, partitions=_P)
+daily = app.Table("daily", default=int, partitions=_P)
+timers = app.Table("timers", default=None, value_type=Timer, partitions=_P)
+
+#: delivery_id → {"a": attempt, "s": state} written durably *before* a provider call
+#: ("calling") and after it; a replayed delivery found "calling" is reconciled by
+#: querying the providers, never blindly resent.
+inflight = app.Table("inflight", default=None, partitions=_P)
+
+__all__ += ["inflight", "put", "delete"]
+
+
+def put(table, partition: int, key, value) -> None:
+    """Set ``table[key]`` for an event of ``partition`` when no single current event
+    applies (batched agents): the changelog entry goes to the user's partition."""
+    table.data[key] = value
+    table.send_changelog(partition, key, value)
+
+
+def delete(table, partition: int, key) -> None:
+    if key in table.data:
+        del table.data[key]
+    table.send_changelog(partition, key, None)

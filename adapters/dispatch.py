@@ -1,0 +1,109 @@
+"""Calling a channel's providers: per-provider token bucket and circuit breaker,
+failover in order (A → B) when the last provider certainly did not take the
+message, and reconciliation queries. Holds no delivery state: what to do with a
+result is decided by :mod:`pipeline.rules.attempts`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from pipeline.models import Delivery
+
+from .base import Provider, QueryResult, SendResult
+from .resilience.breaker import CircuitBreaker, counts_as_success
+from .resilience.failover import choose_provider, may_failover
+from .resilience.token_bucket import TokenBucket
+
+__all__ = ["Dispatcher", "SendRound"]
+
+
+@dataclass
+class SendRound:
+    """What one lane step did: the provider calls made (in order), or why none was."""
+
+    results: list[SendResult] = field(default_factory=list)
+    #: no call possible now (breakers open, or out of rate): try again after this many seconds
+    wait_s: Optional[float] = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        routes: Mapping[str, Sequence[str]],
+        *,
+        rates: Optional[Mapping[str, tuple[float, float]]] = None,
+        breaker: Optional[Mapping[str, Any]] = None,
+        now: Callable[[], float] = time.monotonic,
+        on_breaker_change: Optional[Callable[[str, str, str], None]] = None,
+    ) -> None:
+        self.providers = dict(providers)
+        self.routes = {c: list(names) for c, names in routes.items()}
+        self.breakers = {
+            n: CircuitBreaker(name=n, now=now, on_change=on_breaker_change, **(breaker or {})) for n in self.providers
+        }
+        self.buckets = {n: TokenBucket(r, b, now) for n, (r, b) in (rates or {}).items()}
+
+    async def send(self, delivery: Delivery, *, reconciled: bool = False) -> SendRound:
+        """Call providers for ``delivery`` until one takes it, answers in a way that
+        forbids failover, or none is left to try."""
+        # push: the token's platform ("apns:<token>", "fcm:<token>") picks the provider
+        order = self._order(delivery)
+        rnd = SendRound()
+        tried: list[str] = []
+        while True:
+            name = choose_provider(order, self.breakers, delivery, reconciled=reconciled, avoid=tried)
+            if name is None or name in tried:
+                if name is not None:
+                    self.breakers[name].release()
+                if not rnd.results:
+                    rnd.wait_s = self._soonest_breaker()
+                return rnd
+            bucket = self.buckets.get(name)
+            if bucket is not None:
+                ok, wait = bucket.try_acquire()
+                if not ok:
+                    self.breakers[name].release()
+                    if not rnd.results:
+                        rnd.wait_s = wait
+                    return rnd
+            result = await self.providers[name].send(delivery)
+            self.breakers[name].record(counts_as_success(result.result))
+            rnd.results.append(result)
+            tried.append(name)
+            if not may_failover(result) or delivery.unknown_provider:
+                return rnd
+
+    def _order(self, delivery: Delivery) -> list[str]:
+        order = self.routes.get(delivery.channel, [])
+        return [n for n in order if (delivery.address or "").startswith(n + ":")] or order
+
+    async def query(self, delivery: Delivery) -> QueryResult:
+        """Ask the provider that timed out (``unknown_provider``) or, when a call's
+        fate is unknown after a crash, every provider of the route."""
+        names = [delivery.unknown_provider] if delivery.unknown_provider else self._order(delivery)
+        answers = []
+        for name in names:
+            q = await self.providers[name].query(delivery.delivery_id, delivery.provider_msg_id)
+            q.provider = q.provider or name
+            if q.found:
+                return q
+            answers.append(q)
+        for q in answers:  # an error or a protocol without a query: we learnt nothing
+            if q.status == "ERROR" or not q.supported:
+                return q
+        return answers[0] if answers else QueryResult(False)
+
+    def _soonest_breaker(self) -> float:
+        waits = [b.retry_in() for b in self.breakers.values() if b.state != "closed"]
+        return max(0.05, min(waits)) if waits else 0.05
+
+    def breaker_states(self) -> dict[str, str]:
+        return {n: b.state for n, b in self.breakers.items()}
+
+    async def close(self) -> None:
+        for p in self.providers.values():
+            await p.close()

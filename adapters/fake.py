@@ -1,0 +1,78 @@
+"""In-process fake providers: the pipeline's tests and benchmarks use them where a
+real wire protocol adds nothing. Behaviour per message follows the simulators'
+scenario table (by the last four digits of a phone number, or the address's
+suffix), so a test reads the same either way:
+
+    …0001 permanent (invalid number)       …0004 accepted, then the answer times out
+    …0002 429 on the first call (Retry-After 1)  …0006 503 on the first call
+    …0007 always 500                        anything else: accepted
+
+Each fake keeps a ledger (``calls``: delivery_id → number of calls, ``accepted``:
+delivery_ids the provider took), answers reconciliation queries from it, and has a
+``mode`` ("ok" | "down" | "slow") that tests can flip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from typing import Optional
+
+from pipeline.models import AttemptResult, Delivery
+
+from .base import Provider, QueryResult, QueryStatus, SendResult
+
+__all__ = ["FakeProvider"]
+
+
+class FakeProvider(Provider):
+    def __init__(self, name: str, channel: str, *, latency_s: float = 0.0, query_supported: bool = True) -> None:
+        self.name = name
+        self.channel = channel
+        self.latency_s = latency_s
+        self.query_supported = query_supported
+        self.mode = "ok"
+        self.calls: Counter[str] = Counter()
+        self.accepted: dict[str, str] = {}
+        self._ids = itertools.count(1)
+
+    def _scenario(self, address: str) -> str:
+        return address[-4:] if len(address) >= 4 else ""
+
+    async def send(self, delivery: Delivery) -> SendResult:
+        t0 = time.perf_counter()
+        did = delivery.delivery_id
+        self.calls[did] += 1
+        n = self.calls[did]
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+
+        def result(kind: str, **kw) -> SendResult:
+            return SendResult(kind, self.name, latency_ms=(time.perf_counter() - t0) * 1000, **kw)
+
+        if self.mode == "down":
+            return result(AttemptResult.TRANSIENT_ERROR, error="503 service unavailable")
+        s = self._scenario(delivery.address or "")
+        if s == "0001":
+            return result(AttemptResult.PERMANENT_ERROR, error="invalid number", permanent_kind="invalid_number")
+        if s == "0002" and n == 1:
+            return result(AttemptResult.RATE_LIMITED, retry_after=1.0, error="429")
+        if s == "0006" and n == 1:
+            return result(AttemptResult.TRANSIENT_ERROR, error="503")
+        if s == "0007":
+            return result(AttemptResult.TRANSIENT_ERROR, error="500")
+        msg_id = self.accepted.get(did) or f"{self.name}-{next(self._ids)}"
+        self.accepted[did] = msg_id
+        if s == "0004" and n == 1:
+            return result(AttemptResult.TIMEOUT_UNKNOWN, error="read timeout after send")
+        return result(AttemptResult.ACCEPTED, provider_msg_id=msg_id)
+
+    async def query(self, delivery_id: str, provider_msg_id: Optional[str] = None) -> QueryResult:
+        if not self.query_supported:
+            return QueryResult(False, status=QueryStatus.NOT_FOUND, supported=False, provider=self.name)
+        msg_id = self.accepted.get(delivery_id)
+        if msg_id:
+            return QueryResult(True, msg_id, QueryStatus.ACCEPTED, provider=self.name)
+        return QueryResult(False, status=QueryStatus.NOT_FOUND, provider=self.name)

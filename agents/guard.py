@@ -1,0 +1,58 @@
+"""guard: notify.intents → the user's tables → plan (rules in pipeline/rules/plan.py)
+→ outcomes, deliveries on the priority lanes, deferred intents on the timer topic.
+
+Replay-safe: a dedup entry remembers the offset of the intent that wrote it, so
+the same intent read again after a crash (same offset) is planned again instead
+of being taken for a duplicate of itself, and is not counted twice against the
+daily limit. Re-sent deliveries are made idempotent by the lanes' inflight table.
+"""
+
+import time
+
+from pipeline.app import app, intents_topic, renderer, settings
+from pipeline.rules.plan import plan_intent
+from tables import daily, dedup, devices, preferences
+
+from . import emit
+
+
+@app.agent(intents_topic, name="guard")
+async def guard(stream):
+    async for event in stream.events():
+        intent = event.value
+        offset = event.message.offset
+        now = time.time()
+        replayed = False
+
+        def seen(key: str):
+            nonlocal replayed
+            entry = dedup.get(key)
+            if entry is None:
+                return None
+            if entry[1] == offset:
+                replayed = True
+                return None
+            return entry[0]
+
+        def count(key: str) -> int:
+            return 0 if replayed else daily[key]
+
+        plan = plan_intent(
+            intent,
+            settings=settings,
+            renderer=renderer,
+            prefs=preferences.get(intent.user_id),
+            devices=devices.get(intent.user_id),
+            now=now,
+            dedup_seen=seen,
+            count_today=count,
+        )
+        for key in plan.dedup_keys:
+            dedup[key] = [now, offset]
+        if plan.counter_key and not replayed:
+            daily[plan.counter_key] += 1
+        if plan.timer:
+            await emit.timer(intent.user_id, plan.timer)
+        await emit.outcomes(plan.outcomes)
+        for d in plan.deliveries:
+            await emit.deliver(d)

@@ -1,0 +1,138 @@
+"""One sender agent per channel × priority lane (notify.send.<channel>.<priority>).
+
+Lanes are separate topics consumed independently, so a marketing backlog on a
+low lane never waits in front of an OTP on a high one. Each agent takes a batch,
+marks every delivery "calling" in the inflight table (durably, before any
+provider call), calls the providers concurrently, and turns results into
+outcomes, retries (on the timer topic) and dead letters via pipeline/rules/attempts.
+"""
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pipeline import metrics, runtime
+from pipeline.app import app, devices_topic, lane_topics, settings
+from pipeline.models import Attempt, Delivery, DeviceUpdate, State
+from pipeline.rules.attempts import after_query, after_send
+from pipeline.rules.channels import is_unsubscribed
+from pipeline.rules.plan import outcome
+from pipeline.store import InboxItem
+from tables import inflight, preferences, put
+
+from . import emit
+
+DONE = {State.ACCEPTED, State.FAILED, State.REVIEW, State.FILTERED, State.DELIVERED}
+
+
+@dataclass
+class Step:
+    outcomes: list = field(default_factory=list)
+    retry: Optional[Delivery] = None
+    dead_letter: Optional[str] = None
+    remove_token: Optional[str] = None
+    inbox: Optional[InboxItem] = None
+    state: str = State.PENDING
+    attempts_made: int = 0
+
+
+async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
+    now = time.time()
+    out = Step(attempts_made=d.attempt)
+    if is_unsubscribed(preferences.get(d.user_id), d.category, d.channel):
+        out.state = State.FILTERED
+        out.outcomes.append(outcome(d, d.channel, State.FILTERED, now, reason="unsubscribed"))
+        return out
+    reconciled = False
+    if d.unknown_provider or fate_unknown:
+        q = await disp.query(d)
+        nxt = after_query(d, q.status, q.supported, now, provider_msg_id=q.provider_msg_id)
+        if not nxt.resend_now:
+            out.state, out.retry = nxt.state, nxt.retry
+            out.outcomes.append(outcome(d, d.channel, nxt.state, now, reason=nxt.reason,
+                                        provider=q.provider or d.unknown_provider,
+                                        provider_msg_id=nxt.provider_msg_id, retry_count=d.attempt))
+            if nxt.state == State.ACCEPTED and d.channel == "inbox":
+                out.inbox = InboxItem(d.user_id, d.delivery_id, d.content.get("title", ""), d.content.get("body", ""), now)
+            return out
+        reconciled = bool(d.unknown_provider)
+    rnd = await disp.send(d, reconciled=reconciled)
+    if not rnd.results:  # breakers open or out of rate: try later, no attempt made
+        data = d.asdict()
+        data["due_at"] = now + (rnd.wait_s or 0.1)
+        out.retry = Delivery(**data)
+        return out
+    cur = d
+    for i, r in enumerate(rnd.results):
+        metrics.attempts.labels(r.provider, r.result).inc()
+        metrics.send_latency.labels(d.channel, d.priority).observe(r.latency_ms / 1000)
+        nxt = after_send(cur, r.result, now, provider=r.provider, retry_after=r.retry_after,
+                         permanent_kind=r.permanent_kind, provider_msg_id=r.provider_msg_id)
+        att = Attempt(delivery_id=d.delivery_id, seq=cur.attempt + 1, channel=d.channel, provider=r.provider,
+                      started_at=now, result=r.result, latency_ms=r.latency_ms, provider_msg_id=r.provider_msg_id,
+                      retry_after=r.retry_after, next_at=nxt.retry.due_at if nxt.retry else None, error=r.error)
+        out.outcomes.append(outcome(cur, d.channel, nxt.state, now, reason=nxt.reason, provider=r.provider,
+                                    provider_msg_id=r.provider_msg_id, retry_count=cur.attempt + 1, attempt=att))
+        out.state = nxt.state
+        out.attempts_made = cur.attempt + 1
+        last = i == len(rnd.results) - 1
+        if not last:  # failed over to the next provider within this step
+            cur = nxt.retry or cur
+            continue
+        out.retry = nxt.retry
+        if nxt.dead_letter:
+            out.dead_letter = nxt.reason
+        if nxt.remove_device and d.address and ":" in d.address:
+            out.remove_token = d.address.split(":", 1)[1]
+        if nxt.state == State.ACCEPTED and d.channel == "inbox":
+            out.inbox = InboxItem(d.user_id, d.delivery_id, d.content.get("title", ""), d.content.get("body", ""), now)
+    return out
+
+
+def make_lane(channel: str, priority: str):
+    topic = lane_topics[(channel, priority)]
+    batch_size = settings.channels[channel].lane_batch_size
+
+    async def lane(stream):
+        async for events in stream.take_events(batch_size, within=0.002):
+            disp = await runtime.dispatcher()
+            todo: dict[str, tuple] = {}
+            for ev in events:
+                d: Delivery = ev.value
+                st = inflight.get(d.delivery_id)
+                if st and (st["a"] > d.attempt or (st["s"] in DONE and st["a"] >= d.attempt)):
+                    continue  # superseded or done: a replayed or duplicated delivery
+                if d.delivery_id in todo:
+                    continue
+                fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt)
+                todo[d.delivery_id] = (ev.message.partition, d, fate_unknown)
+                put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})
+            if not todo:
+                continue
+            await app.producer.flush()  # the "calling" marks are durable before any call
+            steps = await asyncio.gather(*(step(d, disp, unknown) for _p, d, unknown in todo.values()))
+            inbox = [s.inbox for s in steps if s.inbox]
+            if inbox:
+                store = await runtime.store()
+                await store.add_inbox(inbox)
+            for (partition, d, _u), s in zip(todo.values(), steps):
+                put(inflight, partition, d.delivery_id, {"a": s.attempts_made, "s": s.state})
+                if s.inbox:
+                    s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
+                                              provider="inbox", provider_msg_id=d.delivery_id,
+                                              retry_count=s.attempts_made))
+                await emit.outcomes(s.outcomes)
+                if s.retry is not None:
+                    await emit.retry(s.retry)
+                if s.dead_letter:
+                    await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
+                if s.remove_token:
+                    await devices_topic.send(key=d.user_id, value=DeviceUpdate(
+                        user_id=d.user_id, token=s.remove_token, op="remove", at=time.time()))
+
+    lane.__name__ = f"lane_{channel}_{priority}"
+    return app.agent(topic, name=f"lane.{channel}.{priority}")(lane)
+
+
+lanes = {key: make_lane(*key) for key in lane_topics}

@@ -1,0 +1,42 @@
+"""receipts: a provider's delivery receipt (notify.receipts) → DELIVERED or
+UNDELIVERED for the delivery that carries its provider_msg_id. ACCEPTED is never
+reported as DELIVERED without one. A receipt that arrives before our ACCEPTED
+record is written is retried a few times through the timer topic."""
+
+import time
+
+from pipeline import runtime
+from pipeline.app import app, receipts_topic
+from pipeline.models import Outcome, Receipt, State, Timer
+
+from . import emit
+
+MAX_TRIES = 5
+
+
+@app.agent(receipts_topic, name="receipts")
+async def receipts(stream):
+    async for r in stream:
+        await match(r, tries=0)
+
+
+async def match(r: Receipt, tries: int) -> None:
+    store = await runtime.store()
+    rows = await store.by_provider_msg_id(r.provider_msg_id)
+    if not rows:
+        if tries < MAX_TRIES:
+            await emit.timer(r.provider_msg_id, Timer(
+                timer_id=f"receipt:{r.provider}:{r.provider_msg_id}:{tries}", due_at=time.time() + 2 ** tries,
+                kind="receipt", payload={"receipt": r.asdict(), "tries": tries + 1, "user_id": r.provider_msg_id}))
+        else:
+            await emit.dead_letter("receipts", "unmatched_receipt", r.dumps(), key=r.provider_msg_id)
+        return
+    state = State.DELIVERED if r.status == "DELIVERED" else State.UNDELIVERED
+    for row in rows:
+        await emit.outcomes([Outcome(
+            delivery_id=row["delivery_id"], notification_id=row["notification_id"], biz_key=row["biz_key"],
+            user_id=row["user_id"], channel=row["channel"], category=row.get("category") or "",
+            template=row.get("template_code") or "", priority=row.get("priority") or "", state=state,
+            at=r.at or time.time(), reason=r.error, provider=r.provider, provider_msg_id=r.provider_msg_id,
+            accepted_at=row.get("accepted_at") or 0.0,
+        )])

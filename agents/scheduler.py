@@ -1,0 +1,69 @@
+"""scheduler: durable timers for deferred intents (quiet hours, send_at) and
+retried deliveries.
+
+Timers arrive on notify.timers (keyed by user_id) and are kept in the changelog-
+backed ``timers`` table, so they survive restarts and move with the partition.
+A per-worker loop keeps a heap of due times (rebuilt from the table after each
+rebalance) and, when one is due, sends a ``fire`` message through the same topic:
+the agent then removes the timer and re-emits its payload, so every table change
+happens inside the agent, in partition order.
+"""
+
+import heapq
+import time
+
+from pipeline import metrics
+from pipeline.app import app, intents_topic, timers_topic
+from pipeline.models import Delivery, Intent, Receipt, Timer
+from tables import timers
+
+from . import emit
+
+_heap: list[tuple[float, str, str]] = []  # (due_at, timer_id, user_id)
+_fired: set[str] = set()
+_rebuild = True
+
+
+@app.agent(timers_topic, name="scheduler")
+async def scheduler(stream):
+    async for t in stream:
+        if t.kind == "fire":
+            _fired.discard(t.timer_id)
+            held = timers.pop(t.timer_id, None)
+            if held is None:
+                continue  # already fired (a second fire after a rebalance)
+            if held.kind == "intent":
+                await intents_topic.send(key=held.payload["user_id"], value=Intent(**held.payload))
+            elif held.kind == "delivery":
+                await emit.deliver(Delivery(**held.payload))
+            elif held.kind == "receipt":
+                from .receipts import match
+
+                await match(Receipt(**held.payload["receipt"]), held.payload["tries"])
+        else:
+            timers[t.timer_id] = t
+            heapq.heappush(_heap, (t.due_at, t.timer_id, t.payload.get("user_id", "")))
+
+
+@app.on_rebalance_complete.connect
+async def _on_rebalance(sender, **kwargs) -> None:
+    global _rebuild
+    _rebuild = True
+
+
+@app.timer(0.1)
+async def fire_due() -> None:
+    global _rebuild, _heap
+    if _rebuild and app.tables.recovery.completed.is_set():
+        _rebuild = False
+        _heap = [(t.due_at, tid, t.payload.get("user_id", "")) for tid, t in timers.items()]
+        heapq.heapify(_heap)
+        _fired.clear()
+    metrics.scheduled.set(len(_heap))
+    now = time.time()
+    while _heap and _heap[0][0] <= now:
+        _due, tid, user = heapq.heappop(_heap)
+        if tid in _fired:
+            continue
+        _fired.add(tid)
+        await timers_topic.send(key=user, value=Timer(timer_id=tid, due_at=now, kind="fire", payload={}))

@@ -1,0 +1,60 @@
+"""The Faust app of the pipeline, its settings, renderer and typed topics.
+
+The broker is ``REDIS_URL`` (or ``NOTIFY_BROKER``, set by ``notify run`` after it
+started the embedded server). Worker ownership options come from
+``NOTIFY_WORKERS`` (N slots) and ``NOTIFY_WORKER_INDEX`` (preferred slot).
+"""
+
+import os
+
+import faust
+
+from config.settings import load_settings
+
+from . import topics as T
+from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Preferences, Receipt, Timer
+from .templates import Renderer
+
+settings = load_settings()
+renderer = Renderer.from_settings(settings)
+
+
+def broker_url() -> str:
+    base = os.environ.get("NOTIFY_BROKER") or settings.redis_url or "redis://127.0.0.1:6379/0"
+    opts = [f"slots={int(os.environ.get('NOTIFY_WORKERS', '1'))}"]
+    if os.environ.get("NOTIFY_WORKER_INDEX"):
+        opts.append(f"slot={int(os.environ['NOTIFY_WORKER_INDEX'])}")
+    if os.environ.get("NOTIFY_LEASE"):
+        opts.append(f"lease={float(os.environ['NOTIFY_LEASE'])}")
+    return base + ("&" if "?" in base else "?") + "&".join(opts)
+
+
+app = faust.App(
+    "notify",
+    broker=broker_url(),
+    store="memory://",
+    topic_partitions=settings.partitions,
+    web_enabled=False,
+    datadir=os.path.join(settings.data_dir, "worker"),
+    broker_commit_interval=0.5,
+    stream_buffer_maxsize=8192,
+    producer_max_batch_size=16384,
+    topic_disable_leader=True,
+)
+
+events_topic = app.topic(T.EVENTS, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")
+intents_topic = app.topic(T.INTENTS, key_type=str, value_type=Intent)
+outcomes_topic = app.topic(T.OUTCOMES, key_type=str, value_type=Outcome)
+timers_topic = app.topic(T.TIMERS, key_type=str, value_type=Timer)
+receipts_topic = app.topic(T.RECEIPTS, key_type=str, value_type=Receipt)
+dlq_topic = app.topic(T.DLQ, key_type=str, value_type=DeadLetter)
+preferences_topic = app.topic(T.PREFERENCES, key_type=str, value_type=Preferences)
+devices_topic = app.topic(T.DEVICES, key_type=str, value_type=DeviceUpdate)
+lane_topics = {(c, p): app.topic(T.lane(c, p), key_type=str, value_type=Delivery) for c, p in T.LANES}
+
+
+async def declare_topics(transport) -> None:
+    """Pre-declare every topic (a first send to an unknown topic would otherwise
+    trigger another rebalance)."""
+    for name in T.ALL:
+        await transport.declare(name, settings.partitions)

@@ -1,0 +1,320 @@
+"""``notify``: the command line.
+
+    notify run [--workers N]     embedded server (unless REDIS_URL) + worker(s)
+    notify worker                one worker against REDIS_URL / the running embedded server
+    notify send ...              one event from flags or --json
+    notify outcomes tail         print the outcome stream
+    notify dlq ls                list dead letters
+    notify records show BIZ_KEY  the records of a business key
+    notify status                lag per topic, leases, DLQ depth
+
+Errors are one clear line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["main"]
+
+
+class CLIError(Exception):
+    pass
+
+
+def _settings():
+    from config.settings import load_settings
+
+    return load_settings()
+
+
+def _broker_file(settings) -> Path:
+    return Path(settings.data_dir) / "broker.url"
+
+
+def broker_url(settings=None) -> str:
+    settings = settings or _settings()
+    if os.environ.get("NOTIFY_BROKER"):
+        return os.environ["NOTIFY_BROKER"]
+    if settings.redis_url:
+        return settings.redis_url
+    f = _broker_file(settings)
+    if f.exists():
+        return f.read_text().strip()
+    raise CLIError("no broker: set REDIS_URL, or start `notify run` first (it writes data/broker.url)")
+
+
+def _redis(url: str):
+    import redis
+
+    return redis.Redis.from_url(url.split("?")[0])
+
+
+# -- run / worker -----------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    settings = _settings()
+    server = None
+    if settings.redis_url:
+        url = settings.redis_url
+    else:
+        from pipeline.embedded import EmbeddedRedis
+
+        server = EmbeddedRedis(Path(settings.data_dir) / "redis", port=args.port).start()
+        url = server.url
+        _broker_file(settings).parent.mkdir(parents=True, exist_ok=True)
+        _broker_file(settings).write_text(url)
+        print(f"embedded server {url} (AOF everysec in {server.data_dir})", flush=True)
+    env = dict(os.environ, NOTIFY_BROKER=url, NOTIFY_WORKERS=str(args.workers))
+    procs = []
+    try:
+        for i in range(args.workers):
+            wenv = dict(env, NOTIFY_WORKER_INDEX=str(i))
+            procs.append(subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "-l", args.loglevel], env=wenv))
+        stop = {"now": False}
+
+        def _stop(*_: Any) -> None:
+            stop["now"] = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        while not stop["now"] and all(p.poll() is None for p in procs):
+            time.sleep(0.2)
+        return max((p.returncode or 0) for p in procs if p.poll() is not None) if not stop["now"] else 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if server:
+            server.stop()
+
+
+def cmd_worker(args) -> int:
+    settings = _settings()
+    os.environ.setdefault("NOTIFY_BROKER", broker_url(settings))
+    import faust
+
+    import agents
+
+    worker = faust.Worker(agents.app, loglevel=args.loglevel, quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+# -- producing ---------------------------------------------------------------
+
+
+def _parse_params(items: list[str]) -> dict:
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise CLIError(f"--param wants key=value, got {it!r}")
+        k, v = it.split("=", 1)
+        out[k] = v
+    return out
+
+
+async def _send_events(url: str, events: list[dict]) -> None:
+    import faust
+
+    import orjson
+
+    from pipeline.topics import EVENTS
+
+    settings = _settings()
+    app = faust.App(f"notify-cli-{os.getpid()}", broker=url, topic_partitions=settings.partitions, web_enabled=False)
+    await app.producer.start()
+    try:
+        futs = [await app.producer.send(EVENTS, e["biz_key"].encode(), orjson.dumps(e), None, None, None) for e in events]
+        await asyncio.gather(*futs)
+    finally:
+        await app.producer.stop()
+        await app.transport.close()
+
+
+def cmd_send(args) -> int:
+    if args.json:
+        event = json.loads(Path(args.json[1:]).read_text() if args.json.startswith("@") else args.json)
+    else:
+        if not (args.category and args.template and args.to):
+            raise CLIError("send needs --json, or --category, --template and --to")
+        event = {
+            "biz_key": args.biz_key or f"cli:{time.time_ns()}",
+            "category": args.category,
+            "template": args.template,
+            "recipients": args.to,
+            "params": _parse_params(args.param),
+        }
+        if args.channel:
+            event["channels"] = args.channel
+        if args.locale:
+            event["locale"] = args.locale
+    event.setdefault("accepted_at", time.time())
+    asyncio.run(_send_events(broker_url(), [event]))
+    print(json.dumps({"accepted": event["biz_key"]}))
+    return 0
+
+
+# -- reading -----------------------------------------------------------------
+
+
+def _read_topic(url: str, topic: str, partitions: int, follow: bool, limit: Optional[int]):
+    from pipeline.transport.keys import Keys, after_id
+
+    r = _redis(url)
+    keys = Keys()
+    pos = {keys.stream(topic, p).encode(): b"0-0" for p in range(partitions)}
+    shown = 0
+    while True:
+        resp = r.xread(pos, count=500, block=1000 if follow else None) or []
+        if not resp and not follow:
+            return
+        for key, entries in resp:
+            if not entries:
+                continue
+            pos[key] = entries[-1][0]
+            for _eid, fields in entries:
+                yield fields.get(b"v")
+                shown += 1
+                if limit and shown >= limit:
+                    return
+
+
+def cmd_outcomes(args) -> int:
+    from pipeline.topics import OUTCOMES
+
+    settings = _settings()
+    for v in _read_topic(broker_url(settings), OUTCOMES, settings.partitions, args.follow, args.limit):
+        print(v.decode() if v else "null", flush=True)
+    return 0
+
+
+def cmd_dlq(args) -> int:
+    from pipeline.topics import DLQ
+
+    settings = _settings()
+    for v in _read_topic(broker_url(settings), DLQ, settings.partitions, False, args.limit):
+        print(v.decode() if v else "null")
+    return 0
+
+
+def cmd_records(args) -> int:
+    from pipeline.store import RecordStore
+
+    settings = _settings()
+    if not Path(settings.db_path).exists():
+        raise CLIError(f"no record store at {settings.db_path}")
+
+    async def show() -> list:
+        store = RecordStore(settings.db_path)
+        await store.open()
+        try:
+            rows, _ = await store.find(biz_key=args.biz_key, limit=1000)
+            for row in rows:
+                row["attempts"] = await store.attempts(row["delivery_id"])
+            return rows
+        finally:
+            await store.close()
+
+    rows = asyncio.run(show())
+    if not rows:
+        raise CLIError(f"no records for biz_key {args.biz_key!r}")
+    print(json.dumps(rows, indent=2, default=str))
+    return 0
+
+
+def cmd_status(args) -> int:
+    from pipeline.topics import ALL
+    from pipeline.transport.keys import Keys
+
+    settings = _settings()
+    url = broker_url(settings)
+    r = _redis(url)
+    keys = Keys()
+    committed = {k.decode(): int(v) for k, v in r.hgetall(keys.offsets("notify")).items() if not k.endswith(b"@")}
+    print(f"broker {url}")
+    print(f"{'topic':34} {'highwater':>10} {'committed':>10} {'lag':>8}")
+    for topic in ALL:
+        hw = cm = 0
+        for p in range(settings.partitions):
+            hw += int(r.get(keys.counter(topic, p)) or 0)
+            cm += committed.get(keys.tp_field(topic, p), 0)
+        lag = hw - cm
+        print(f"{topic:34} {hw:>10} {cm:>10} {lag:>8}")
+    leases = {k.decode().rsplit(":", 1)[1]: r.get(k).decode() for k in r.scan_iter(keys.lease("notify", 0)[:-1] + "*")}
+    print("slots:", ", ".join(f"{s}→{o}" for s, o in sorted(leases.items())) or "none held")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="notify", description="notify-stream: notifications as a stream pipeline")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="embedded server (unless REDIS_URL) and workers")
+    run.add_argument("--workers", type=int, default=1)
+    run.add_argument("--port", type=int, default=None)
+    run.add_argument("-l", "--loglevel", default="warn")
+    run.set_defaults(fn=cmd_run)
+    w = sub.add_parser("worker", help="one worker")
+    w.add_argument("-l", "--loglevel", default="warn")
+    w.set_defaults(fn=cmd_worker)
+    s = sub.add_parser("send", help="send one event")
+    s.add_argument("--json", help="the event as JSON, or @file")
+    s.add_argument("--category")
+    s.add_argument("--template")
+    s.add_argument("--to", action="append", help="recipient user id (repeatable)")
+    s.add_argument("--param", action="append", help="key=value (repeatable)")
+    s.add_argument("--channel", action="append")
+    s.add_argument("--locale")
+    s.add_argument("--biz-key", dest="biz_key")
+    s.set_defaults(fn=cmd_send)
+    o = sub.add_parser("outcomes", help="the outcome stream")
+    o.add_argument("action", choices=["tail"])
+    o.add_argument("-f", "--follow", action="store_true")
+    o.add_argument("-n", "--limit", type=int, default=None)
+    o.set_defaults(fn=cmd_outcomes)
+    d = sub.add_parser("dlq", help="dead letters")
+    d.add_argument("action", choices=["ls"])
+    d.add_argument("-n", "--limit", type=int, default=100)
+    d.set_defaults(fn=cmd_dlq)
+    rec = sub.add_parser("records", help="the record store")
+    rec.add_argument("action", choices=["show"])
+    rec.add_argument("biz_key")
+    rec.set_defaults(fn=cmd_records)
+    st = sub.add_parser("status", help="lag, slots")
+    st.set_defaults(fn=cmd_status)
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except CLIError as exc:
+        print(f"notify: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # one clear line, never a traceback for expected failures
+        from config.settings import ConfigError
+
+        if isinstance(exc, (ConfigError, ConnectionError, OSError)):
+            print(f"notify: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

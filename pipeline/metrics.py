@@ -1,0 +1,20 @@
+"""Prometheus metrics of a worker (served by ``notify run`` / the API)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+events_in = Counter("notify_events_in_total", "Events read from notify.events")
+dead_letters = Counter("notify_dead_letters_total", "Messages sent to notify.dlq", ["source", "reason"])
+outcomes = Counter("notify_outcomes_total", "Outcomes emitted", ["state", "reason"])
+attempts = Counter("notify_attempts_total", "Provider calls", ["provider", "result"])
+send_latency = Histogram(
+    "notify_send_latency_seconds", "Provider call latency", ["channel", "priority"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+breaker_state = Gauge("notify_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", ["provider"])
+scheduled = Gauge("notify_scheduled_backlog", "Timers held by this worker")
+
+_BREAKER = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def on_breaker_change(name: str, old: str, new: str) -> None:
+    breaker_state.labels(name).set(_BREAKER.get(new, -1))

@@ -1,0 +1,79 @@
+"""Process-wide resources of a worker, opened once and lazily: the record store
+and the provider dispatcher.
+
+``NOTIFY_PROVIDERS``: ``fake`` (default; in-process fakes, see adapters/fake.py)
+or ``simulators`` (the protocol-level simulators, started in this process, with
+the real adapters pointed at them).
+"""
+
+import asyncio
+import os
+from typing import Any, Optional
+
+from adapters.dispatch import Dispatcher
+from adapters.fake import FakeProvider
+from adapters.inbox import InboxProvider
+
+from .app import settings
+from .store import RecordStore
+
+_store: Optional[RecordStore] = None
+_dispatcher: Optional[Dispatcher] = None
+_lock = asyncio.Lock()
+simulators: Any = None
+
+ROUTES_FAKE = {
+    "inbox": ["inbox"],
+    "push": ["apns", "fcm"],
+    "sms": ["sms_a", "sms_b"],
+    "email": ["email"],
+    "webhook": ["webhook"],
+}
+ROUTES_SIM = {
+    "inbox": ["inbox"],
+    "push": ["apns", "fcm"],
+    "sms": ["twilio", "smsvendor"],
+    "email": ["smtp"],
+    "webhook": ["webhook"],
+}
+BREAKER = {"failure_threshold": 5, "reset_timeout": 5.0, "half_open_max": 1}
+
+
+def fake_providers() -> dict:
+    latency = float(os.environ.get("NOTIFY_FAKE_LATENCY", "0"))
+    out: dict = {"inbox": InboxProvider()}
+    for name, channel in (("apns", "push"), ("fcm", "push"), ("sms_a", "sms"), ("sms_b", "sms"),
+                          ("email", "email"), ("webhook", "webhook")):
+        out[name] = FakeProvider(name, channel, latency_s=latency)
+    return out
+
+
+async def store() -> RecordStore:
+    global _store
+    if _store is None:
+        async with _lock:
+            if _store is None:
+                os.makedirs(os.path.dirname(os.path.abspath(settings.db_path)), exist_ok=True)
+                s = RecordStore(settings.db_path)
+                await s.open()
+                _store = s
+    return _store
+
+
+async def dispatcher() -> Dispatcher:
+    global _dispatcher, simulators
+    if _dispatcher is None:
+        async with _lock:
+            if _dispatcher is None:
+                from . import metrics
+
+                kind = os.environ.get("NOTIFY_PROVIDERS", "fake")
+                if kind == "simulators":
+                    from adapters.simulators import start_all
+
+                    simulators = await start_all(os.environ.get("NOTIFY_RECEIPTS_URL"))
+                    providers, routes = simulators.build_providers(), ROUTES_SIM
+                else:
+                    providers, routes = fake_providers(), ROUTES_FAKE
+                _dispatcher = Dispatcher(providers, routes, breaker=BREAKER, on_breaker_change=metrics.on_breaker_change)
+    return _dispatcher

@@ -1,0 +1,24 @@
+"""Topic names of the pipeline. User-keyed topics share one partition count, so an
+agent reading any of them finds the user's tables in its own partitions."""
+
+from config.settings import CHANNELS, PRIORITIES
+
+EVENTS = "notify.events"  # raw producer bytes, key biz_key
+INTENTS = "notify.intents"  # Intent, key user_id
+OUTCOMES = "notify.outcomes"  # Outcome, key user_id: every state change
+TIMERS = "notify.timers"  # Timer, key user_id: delayed and retried work
+RECEIPTS = "notify.receipts"  # Receipt, key provider_msg_id
+DLQ = "notify.dlq"  # DeadLetter
+PREFERENCES = "notify.preferences"  # Preferences, key user_id
+DEVICES = "notify.devices"  # DeviceUpdate, key user_id
+
+
+def lane(channel: str, priority: str) -> str:
+    """``notify.send.<channel>.<priority>``: one topic (and one agent) per lane."""
+    return f"notify.send.{channel}.{priority}"
+
+
+LANES = [(c, p) for c in CHANNELS for p in PRIORITIES]
+
+USER_KEYED = [INTENTS, OUTCOMES, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
+ALL = [EVENTS, RECEIPTS, DLQ] + USER_KEYED
