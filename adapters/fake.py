@@ -1,11 +1,15 @@
 """In-process fake providers: the pipeline's tests and benchmarks use them where a
 real wire protocol adds nothing. Behaviour per message follows the simulators'
-scenario table (by the last four digits of a phone number, or the address's
-suffix), so a test reads the same either way:
+scenario table (by the last four digits in the address: phone number, e-mail
+local part, token), so a test reads the same either way:
 
     …0001 permanent (invalid number)       …0004 accepted, then the answer times out
     …0002 429 on the first call (Retry-After 1)  …0006 503 on the first call
     …0007 always 500                        anything else: accepted
+
+0001 describes the recipient and holds on every provider; the others describe a
+provider's behaviour and hold only on a ``primary`` fake (provider A), so a
+failover to B finds a healthy provider.
 
 Each fake keeps a ledger (``calls``: delivery_id → number of calls, ``accepted``:
 delivery_ids the provider took), answers reconciliation queries from it, and has a
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections import Counter
 from typing import Optional
@@ -26,10 +31,15 @@ from .base import Provider, QueryResult, QueryStatus, SendResult
 
 __all__ = ["FakeProvider"]
 
+_DIGITS = re.compile(r"\d{4,}")
+
 
 class FakeProvider(Provider):
-    def __init__(self, name: str, channel: str, *, latency_s: float = 0.0, query_supported: bool = True) -> None:
+    def __init__(
+        self, name: str, channel: str, *, latency_s: float = 0.0, query_supported: bool = True, primary: bool = True
+    ) -> None:
         self.name = name
+        self.primary = primary
         self.channel = channel
         self.latency_s = latency_s
         self.query_supported = query_supported
@@ -39,7 +49,9 @@ class FakeProvider(Provider):
         self._ids = itertools.count(1)
 
     def _scenario(self, address: str) -> str:
-        return address[-4:] if len(address) >= 4 else ""
+        found = _DIGITS.findall(address)
+        s = found[-1][-4:] if found else ""
+        return s if self.primary or s == "0001" else ""
 
     async def send(self, delivery: Delivery) -> SendResult:
         t0 = time.perf_counter()

@@ -107,6 +107,7 @@ def cmd_run(args) -> int:
 def cmd_worker(args) -> int:
     settings = _settings()
     os.environ.setdefault("NOTIFY_BROKER", broker_url(settings))
+    os.makedirs(os.path.join(settings.data_dir, "worker"), exist_ok=True)
     import faust
 
     import agents

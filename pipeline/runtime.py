@@ -44,7 +44,7 @@ def fake_providers() -> dict:
     out: dict = {"inbox": InboxProvider()}
     for name, channel in (("apns", "push"), ("fcm", "push"), ("sms_a", "sms"), ("sms_b", "sms"),
                           ("email", "email"), ("webhook", "webhook")):
-        out[name] = FakeProvider(name, channel, latency_s=latency)
+        out[name] = FakeProvider(name, channel, latency_s=latency, primary=name != "sms_b")
     return out
 
 

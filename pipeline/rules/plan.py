@@ -14,7 +14,7 @@ the same delivery id as the original, so it creates nothing: it is reported on t
 outcome stream as FILTERED ``duplicate`` and the record keeps the original's state.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from pipeline.ids import delivery_id
@@ -25,11 +25,12 @@ from . import channels as ch
 from . import guard
 from .quiet_hours import defer_decision
 
-__all__ = ["Plan", "plan_intent", "outcome", "DUPLICATE", "OVER_LIMIT", "TEMPLATE_ERROR"]
+__all__ = ["Plan", "plan_intent", "outcome", "DUPLICATE", "OVER_LIMIT", "TEMPLATE_ERROR", "UNSUBSCRIBED"]
 
 DUPLICATE = "duplicate"
 OVER_LIMIT = "over_limit"
 TEMPLATE_ERROR = "template_error"
+UNSUBSCRIBED = "unsubscribed"
 
 
 @dataclass
@@ -85,11 +86,19 @@ def plan_intent(
     plan = Plan()
     cat = settings.category(intent.category)
     wanted = list(dict.fromkeys(intent.channels or cat.default_channels))
-    chosen, reason = ch.pick_channels(intent.channels, cat, prefs, bool(devices))
+    # a notification coming back from the scheduler never falls back to another
+    # channel the user did not choose: an unsubscribe while it waited is final
+    pick_cat = replace(cat, inbox_fallback=False) if intent.resumed else cat
+    chosen, reason = ch.pick_channels(intent.channels, pick_cat, prefs, bool(devices))
     for channel in wanted:
         if channel not in chosen:
-            why = ch.OPTED_OUT if ch.is_unsubscribed(prefs, cat.name, channel) else ch.UNREACHABLE
-            plan.outcomes.append(outcome(intent, channel, State.FILTERED, now, reason=why if chosen else reason))
+            off = ch.is_unsubscribed(prefs, cat.name, channel)
+            why = ch.OPTED_OUT if off else ch.UNREACHABLE
+            if off and intent.resumed:
+                why = UNSUBSCRIBED  # switched off while the notification waited: the later choice wins
+            elif not chosen:
+                why = reason
+            plan.outcomes.append(outcome(intent, channel, State.FILTERED, now, reason=why))
     if not chosen:
         return plan
 
@@ -103,6 +112,7 @@ def plan_intent(
             plan.outcomes += [outcome(intent, c, State.SCHEDULED, now, reason="deferred") for c in chosen]
             payload = intent.asdict()
             payload["resumed"] = True
+            payload["channels"] = chosen  # the snapshot taken now; re-checked when it fires
             plan.timer = Timer(
                 timer_id=f"{intent.notification_id}:intent", due_at=due, kind="intent", payload=payload
             )

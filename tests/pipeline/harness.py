@@ -1,0 +1,107 @@
+"""A real pipeline worker process on the test's server, and ways to feed it."""
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import orjson
+
+from tests.transport.helpers import ROOT, produce_async, wait_until
+
+PARTITIONS = 4
+
+
+class Pipeline:
+    def __init__(self, redis_url: str, tmp: Path, **env: Any) -> None:
+        self.url = redis_url
+        self.tmp = Path(tmp)
+        self.db = self.tmp / "records.db"
+        self.env = {
+            "NOTIFY_BROKER": redis_url,
+            "NOTIFY_DATA_DIR": str(self.tmp / "data"),
+            "NOTIFY_DB": str(self.db),
+            "NOTIFY_PARTITIONS": str(PARTITIONS),
+            "NOTIFY_LEASE": "3",
+            "PYTHONPATH": str(ROOT),
+            **{k: str(v) for k, v in env.items()},
+        }
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str = "worker", **env: Any) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "worker", "-l", "info"],
+            cwd=str(ROOT), env=dict(os.environ, **self.env, **{k: str(v) for k, v in env.items()}),
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def log(self, name: str = "worker") -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    # -- feeding ------------------------------------------------------------
+
+    def send(self, topic: str, items: Iterable[tuple[Optional[bytes], bytes]], **kw: Any) -> None:
+        asyncio.run(produce_async(self.url, topic, list(items), partitions=PARTITIONS, **kw))
+
+    def events(self, events: Iterable[dict | bytes]) -> None:
+        items = []
+        for e in events:
+            if isinstance(e, (bytes, bytearray)):
+                items.append((b"bad", bytes(e)))
+            else:
+                e = dict(e)
+                e.setdefault("accepted_at", time.time())
+                items.append((str(e.get("biz_key", "x")).encode(), orjson.dumps(e)))
+        self.send("notify.events", items)
+
+    def preferences(self, prefs: Iterable[dict]) -> None:
+        self.send("notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs])
+
+    def devices(self, updates: Iterable[dict]) -> None:
+        self.send("notify.devices", [(u["user_id"].encode(), orjson.dumps(u)) for u in updates])
+
+    # -- reading ------------------------------------------------------------
+
+    def rows(self) -> dict[tuple[str, str, str], dict]:
+        if not self.db.exists():
+            return {}
+        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5)
+        con.row_factory = sqlite3.Row
+        try:
+            return {(r["biz_key"], r["user_id"], r["channel"]): dict(r) for r in con.execute("SELECT * FROM notify_record")}
+        except sqlite3.OperationalError:
+            return {}
+        finally:
+            con.close()
+
+    def attempts(self) -> dict[str, int]:
+        if not self.db.exists():
+            return {}
+        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5)
+        try:
+            return dict(con.execute("SELECT delivery_id, count(*) FROM attempts GROUP BY delivery_id").fetchall())
+        except sqlite3.OperationalError:
+            return {}
+        finally:
+            con.close()
+
+    def wait_rows(self, cond, timeout: float = 60, what: str = "") -> dict:
+        return wait_until(lambda: (lambda r: r if cond(r) else None)(self.rows()), timeout, 0.2, what)
