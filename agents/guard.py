@@ -56,3 +56,35 @@ async def guard(stream):
         await emit.outcomes(plan.outcomes)
         for d in plan.deliveries:
             await emit.deliver(d)
+
+
+PURGE_EVERY_S = 60.0
+DAILY_KEEP_DAYS = 2
+
+
+@app.timer(PURGE_EVERY_S)
+async def purge_expired() -> None:
+    """Drop dedup entries past the longest window and daily counters older than two
+    days (tombstones on the changelog; the compactor then drops their history)."""
+    from datetime import date, timedelta
+
+    from pipeline.topics import INTENTS
+    from tables import delete
+
+    now = time.time()
+    longest = max(c.dedup_window_s for c in settings.categories.values())
+    partition_of = app.transport.partition_for
+    owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == INTENTS}
+    for key, (seen_at, _offset) in list(dedup.data.items()):
+        if now - seen_at >= longest:
+            user = key.split("|", 1)[0]
+            p = partition_of(INTENTS, user.encode())
+            if p in owned:
+                delete(dedup, p, key)
+    oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
+    for key in list(daily.data.keys()):
+        _freq, user, _category, day = key.rsplit(":", 3) if key.count(":") >= 3 else ("", "", "", "9999")
+        if day < oldest:
+            p = partition_of(INTENTS, user.encode())
+            if p in owned:
+                delete(daily, p, key)
