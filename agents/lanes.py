@@ -117,7 +117,6 @@ def make_lane(channel: str, priority: str):
                 store = await runtime.store()
                 await store.add_inbox(inbox)
             for (partition, d, _u), s in zip(todo.values(), steps):
-                put(inflight, partition, d.delivery_id, {"a": s.attempts_made, "s": s.state})
                 if s.inbox:
                     s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
                                               provider="inbox", provider_msg_id=d.delivery_id,
@@ -130,6 +129,9 @@ def make_lane(channel: str, priority: str):
                 if s.remove_token:
                     await devices_topic.send(key=d.user_id, value=DeviceUpdate(
                         user_id=d.user_id, token=s.remove_token, op="remove", at=time.time()))
+                # last, so it is written after the outcomes above: a crash in between
+                # leaves "calling", and the replay reconciles instead of skipping
+                put(inflight, partition, d.delivery_id, {"a": s.attempts_made, "s": s.state})
 
     lane.__name__ = f"lane_{channel}_{priority}"
     return app.agent(topic, name=f"lane.{channel}.{priority}")(lane)
