@@ -89,15 +89,13 @@ def plan_intent(
     # a notification coming back from the scheduler never falls back to another
     # channel the user did not choose: an unsubscribe while it waited is final
     pick_cat = replace(cat, inbox_fallback=False) if intent.resumed else cat
-    chosen, reason = ch.pick_channels(intent.channels, pick_cat, prefs, bool(devices))
+    chosen, _reason = ch.pick_channels(intent.channels, pick_cat, prefs, bool(devices))
     for channel in wanted:
         if channel not in chosen:
             off = ch.is_unsubscribed(prefs, cat.name, channel)
             why = ch.OPTED_OUT if off else ch.UNREACHABLE
             if off and intent.resumed:
                 why = UNSUBSCRIBED  # switched off while the notification waited: the later choice wins
-            elif not chosen:
-                why = reason
             plan.outcomes.append(outcome(intent, channel, State.FILTERED, now, reason=why))
     if not chosen:
         return plan
