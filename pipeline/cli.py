@@ -130,22 +130,33 @@ def _parse_params(items: list[str]) -> dict:
     return out
 
 
-async def _send_events(url: str, events: list[dict]) -> None:
+async def _send_raw(url: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
+    """Write (key, value) pairs to a topic with the transport's producer."""
     import faust
-
-    import orjson
-
-    from pipeline.topics import EVENTS
 
     settings = _settings()
     app = faust.App(f"notify-cli-{os.getpid()}", broker=url, topic_partitions=settings.partitions, web_enabled=False)
     await app.producer.start()
     try:
-        futs = [await app.producer.send(EVENTS, e["biz_key"].encode(), orjson.dumps(e), None, None, None) for e in events]
+        futs = [await app.producer.send(topic, k, v, None, None, None) for k, v in items]
         await asyncio.gather(*futs)
     finally:
         await app.producer.stop()
         await app.transport.close()
+
+
+async def _send_events(url: str, events: list[dict]) -> None:
+    import orjson
+
+    from pipeline.topics import EVENTS
+
+    await _send_raw(url, EVENTS, [(e["biz_key"].encode(), orjson.dumps(e)) for e in events])
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.events, users=args.users)
 
 
 def cmd_send(args) -> int:
@@ -296,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("action", choices=["show"])
     rec.add_argument("biz_key")
     rec.set_defaults(fn=cmd_records)
+    dm = sub.add_parser("demo", help="mixed load against the simulators, then a summary")
+    dm.add_argument("--events", type=int, default=2000)
+    dm.add_argument("--users", type=int, default=2000)
+    dm.set_defaults(fn=cmd_demo)
     st = sub.add_parser("status", help="lag, slots")
     st.set_defaults(fn=cmd_status)
     return ap

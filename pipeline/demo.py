@@ -1,0 +1,161 @@
+"""``notify demo --events N``: a realistic mixed load against the provider
+simulators, with a progress line, ending in a summary table of states, reasons
+and p50/p99 latency (acceptance → terminal state) per priority.
+
+It uses a running ``notify run`` (REDIS_URL or data/broker.url) if there is one,
+otherwise starts the embedded server and two workers with the simulators itself.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["run_demo"]
+
+TERMINAL = ("FILTERED", "ACCEPTED", "DELIVERED", "UNDELIVERED", "FAILED", "REVIEW", "SCHEDULED")
+
+
+def _users(n: int, rng: random.Random) -> tuple[list[dict], list[dict]]:
+    prefs, devices = [], []
+    hour = time.gmtime().tm_hour
+    for i in range(n):
+        uid = f"demo{i}"
+        p: dict[str, Any] = {"user_id": uid, "version": 1, "tz": rng.choice(["UTC", "Europe/Paris", "Asia/Shanghai"])}
+        r = rng.random()
+        if r < 0.8:
+            # mostly ordinary numbers; a few simulator scenarios (see adapters/simulators)
+            tail = rng.choice(["1234"] * 40 + ["0001", "0002", "0004", "0006"])
+            p["phone"] = f"+1555{i:04d}{tail}"
+        if r < 0.7:
+            p["email"] = f"user{i}@example.com"
+        if rng.random() < 0.05:
+            p["switches"] = {"marketing.*": False}
+        if rng.random() < 0.05:
+            p["quiet_hours"] = f"{(hour - 1) % 24:02d}:00-{(hour + 2) % 24:02d}:00"
+            p["tz"] = "UTC"
+        prefs.append(p)
+        if rng.random() < 0.5:
+            devices.append({"user_id": uid, "token": f"tok{i:06d}", "platform": rng.choice(["apns", "fcm"]), "op": "add"})
+    return prefs, devices
+
+
+def _events(n: int, users: int, rng: random.Random) -> list[dict]:
+    out = []
+    for i in range(n):
+        r = rng.random()
+        to = [f"demo{rng.randrange(users)}" for _ in range(rng.choice([1, 1, 2, 3, 5]))]
+        if r < 0.25:
+            ev = {"category": "otp", "template": "otp", "channels": ["sms"], "params": {"code": f"{rng.randrange(10**6):06d}"},
+                  "recipients": to[:1]}
+        elif r < 0.6:
+            ev = {"category": "transaction", "template": "order_shipped", "recipients": to,
+                  "params": {"order_no": f"A{i}", "carrier": "UPS", "tracking_no": f"1Z{i}", "tracking_url": "https://t"}}
+        elif r < 0.95:
+            ev = {"category": "marketing", "template": "promo", "recipients": to, "channels": ["push", "email"],
+                  "params": {"headline": "Winter sale", "discount": "20%", "url": "https://shop"}}
+        else:
+            ev = {"category": "security", "template": "security_alert", "recipients": to[:1],
+                  "channels": ["push", "email", "inbox"], "params": {"event": "New sign-in", "action_url": "https://sec"}}
+        ev["biz_key"] = f"demo:{int(time.time())}:{i}"
+        ev["accepted_at"] = time.time()
+        out.append(ev)
+    return out
+
+
+def _counts(db: Path) -> tuple[int, int]:
+    if not db.exists():
+        return 0, 0
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        total, done = con.execute(
+            f"SELECT count(*), sum(status IN ({','.join('?' * len(TERMINAL))})) FROM notify_record", TERMINAL
+        ).fetchone()
+        return total or 0, done or 0
+    except sqlite3.OperationalError:
+        return 0, 0
+    finally:
+        con.close()
+
+
+def _summary(db: Path) -> str:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    lines = [f"{'state':12} {'reason':26} {'count':>8}"]
+    for state, reason, n in con.execute(
+        "SELECT status, coalesce(reason, ''), count(*) FROM notify_record GROUP BY 1, 2 ORDER BY 3 DESC"
+    ):
+        lines.append(f"{state:12} {reason:26} {n:>8}")
+    lines.append("")
+    lines.append(f"{'priority':10} {'n':>7} {'p50 ms':>9} {'p99 ms':>9}")
+    for prio in ("high", "normal", "low"):
+        lat = sorted(r[0] for r in con.execute(
+            "SELECT latency_ms FROM notify_record WHERE priority = ? AND status IN ('ACCEPTED','DELIVERED') "
+            "AND latency_ms IS NOT NULL", (prio,)))
+        if lat:
+            p50 = lat[len(lat) // 2]
+            p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+            lines.append(f"{prio:10} {len(lat):>7} {p50:>9.1f} {p99:>9.1f}")
+    con.close()
+    return "\n".join(lines)
+
+
+def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
+    import asyncio
+
+    from config.settings import load_settings
+
+    from .cli import CLIError, _send_raw, broker_url
+
+    settings = load_settings()
+    rng = random.Random(seed)
+    started: list[subprocess.Popen] = []
+    server = None
+    try:
+        try:
+            url = broker_url(settings)
+        except CLIError:
+            from .embedded import EmbeddedRedis
+
+            server = EmbeddedRedis(Path(settings.data_dir) / "redis").start()
+            url = server.url
+            env = dict(os.environ, NOTIFY_BROKER=url, NOTIFY_WORKERS="2", NOTIFY_PROVIDERS="simulators")
+            for i in range(2):
+                started.append(subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"],
+                                                env=dict(env, NOTIFY_WORKER_INDEX=str(i))))
+        prefs, devices = _users(users, rng)
+        asyncio.run(_send_raw(url, "notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]))
+        asyncio.run(_send_raw(url, "notify.devices", [(d["user_id"].encode(), orjson.dumps(d)) for d in devices]))
+        evs = _events(events, users, rng)
+        t0 = time.time()
+        asyncio.run(_send_raw(url, "notify.events", [(e["biz_key"].encode(), orjson.dumps(e)) for e in evs]))
+        db = Path(settings.db_path)
+        last, still = (-1, -1), 0
+        # until every record is terminal, or nothing moved for 30 s (retries back off)
+        while still < 60 and not (last[0] and last[0] == last[1] and still >= 4):
+            total, done = _counts(db)
+            bar = "#" * int(30 * done / max(total, 1))
+            print(f"\r[{bar:30}] {done}/{total} records terminal, {time.time() - t0:5.1f}s", end="", flush=True)
+            still = still + 1 if (total, done) == last and total else 0
+            last = (total, done)
+            time.sleep(0.5)
+        print()
+        print(_summary(db))
+        return 0
+    finally:
+        for p in started:
+            p.terminate()
+        for p in started:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if server:
+            server.stop()
