@@ -1,7 +1,7 @@
 """Agents: thin async loops that read a stream, call the rules, and send.
 
-    expand     notify.events   → notify.intents (and notify.dlq)
-    guard      notify.intents  → outcomes, lanes, timers
+    expand     notify.events   → notify.intents.<priority> (and notify.dlq)
+    guard.*    notify.intents.<priority> → outcomes, lanes, timers
     lane.*     notify.send.<channel>.<priority> → providers → outcomes, timers, dlq
     scheduler  notify.timers   → intents / lanes when due
     records    notify.outcomes → SQLite record store

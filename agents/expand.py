@@ -1,10 +1,10 @@
 """expand: notify.events (raw bytes) → validate → one Intent per recipient, keyed by
-user_id on notify.intents. Bad input goes to notify.dlq with the reason."""
+user_id on notify.intents.<priority>. Bad input goes to notify.dlq with the reason."""
 
 import time
 
 from pipeline import metrics
-from pipeline.app import app, events_topic, intents_topic, renderer, settings
+from pipeline.app import app, events_topic, intents_topics, renderer, settings
 from pipeline.ids import notification_id
 from pipeline.models import Intent
 from pipeline.rules.validate import InvalidEvent, parse_event
@@ -24,8 +24,9 @@ async def expand(stream):
             continue
         accepted = ev.accepted_at or event.message.timestamp or time.time()
         priority = ev.priority or settings.category(ev.category).priority
+        out = intents_topics[priority]
         for user in ev.recipients:
-            await intents_topic.send(key=user, value=Intent(
+            await out.send(key=user, value=Intent(
                 notification_id=notification_id(ev.biz_key, user),
                 biz_key=ev.biz_key,
                 user_id=user,

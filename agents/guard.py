@@ -1,4 +1,4 @@
-"""guard: notify.intents → the user's tables → plan (rules in pipeline/rules/plan.py)
+"""guard: notify.intents.<priority> (one agent per priority) → the user's tables → plan (rules in pipeline/rules/plan.py)
 → outcomes, deliveries on the priority lanes, deferred intents on the timer topic.
 
 Replay-safe: a dedup entry remembers the offset of the intent that wrote it, so
@@ -9,14 +9,13 @@ daily limit. Re-sent deliveries are made idempotent by the lanes' inflight table
 
 import time
 
-from pipeline.app import app, intents_topic, renderer, settings
+from pipeline.app import app, intents_topics, renderer, settings
 from pipeline.rules.plan import plan_intent
 from tables import daily, dedup, devices, preferences
 
 from . import emit
 
 
-@app.agent(intents_topic, name="guard")
 async def guard(stream):
     async for event in stream.events():
         intent = event.value
@@ -58,6 +57,8 @@ async def guard(stream):
             await emit.deliver(d)
 
 
+guards = {p: app.agent(topic, name=f"guard.{p}")(guard) for p, topic in intents_topics.items()}
+
 PURGE_EVERY_S = 60.0
 DAILY_KEEP_DAYS = 2
 
@@ -68,23 +69,24 @@ async def purge_expired() -> None:
     days (tombstones on the changelog; the compactor then drops their history)."""
     from datetime import date, timedelta
 
-    from pipeline.topics import INTENTS
+    from pipeline.topics import INTENT_TOPICS
     from tables import delete
 
     now = time.time()
     longest = max(c.dedup_window_s for c in settings.categories.values())
     partition_of = app.transport.partition_for
-    owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == INTENTS}
+    topic = INTENT_TOPICS[0]  # every user-keyed topic has the same partitions
+    owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
     for key, (seen_at, _offset) in list(dedup.data.items()):
         if now - seen_at >= longest:
             user = key.split("|", 1)[0]
-            p = partition_of(INTENTS, user.encode())
+            p = partition_of(topic, user.encode())
             if p in owned:
                 delete(dedup, p, key)
     oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
     for key in list(daily.data.keys()):
         _freq, user, _category, day = key.rsplit(":", 3) if key.count(":") >= 3 else ("", "", "", "9999")
         if day < oldest:
-            p = partition_of(INTENTS, user.encode())
+            p = partition_of(topic, user.encode())
             if p in owned:
                 delete(daily, p, key)

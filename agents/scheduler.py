@@ -13,7 +13,7 @@ import heapq
 import time
 
 from pipeline import metrics
-from pipeline.app import app, intents_topic, timers_topic
+from pipeline.app import app, intents_topics, timers_topic
 from pipeline.models import Delivery, Intent, Receipt, Timer
 from tables import timers
 
@@ -33,7 +33,8 @@ async def scheduler(stream):
             if held is None:
                 continue  # already fired (a second fire after a rebalance)
             if held.kind == "intent":
-                await intents_topic.send(key=held.payload["user_id"], value=Intent(**held.payload))
+                intent = Intent(**held.payload)
+                await intents_topics[intent.priority].send(key=intent.user_id, value=intent)
             elif held.kind == "delivery":
                 await emit.deliver(Delivery(**held.payload))
             elif held.kind == "receipt":

@@ -12,7 +12,7 @@ import faust
 from config.settings import load_settings
 
 from . import topics as T
-from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Preferences, Receipt, Timer
+from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Preferences, Priority, Receipt, Timer
 from .templates import Renderer
 
 settings = load_settings()
@@ -43,7 +43,7 @@ app = faust.App(
 )
 
 events_topic = app.topic(T.EVENTS, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")
-intents_topic = app.topic(T.INTENTS, key_type=str, value_type=Intent)
+intents_topics = {p: app.topic(T.intents(p), key_type=str, value_type=Intent) for p in Priority.ALL}
 outcomes_topic = app.topic(T.OUTCOMES, key_type=str, value_type=Outcome)
 timers_topic = app.topic(T.TIMERS, key_type=str, value_type=Timer)
 receipts_topic = app.topic(T.RECEIPTS, key_type=str, value_type=Receipt)

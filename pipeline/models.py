@@ -94,7 +94,7 @@ class Event(_Record):
 
 
 class Intent(_Record):
-    """One event for one user; keyed by ``user_id`` on ``notify.intents``."""
+    """One event for one user; keyed by ``user_id`` on ``notify.intents.<priority>``."""
 
     notification_id: str
     biz_key: str

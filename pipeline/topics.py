@@ -4,13 +4,22 @@ agent reading any of them finds the user's tables in its own partitions."""
 from config.settings import CHANNELS, PRIORITIES
 
 EVENTS = "notify.events"  # raw producer bytes, key biz_key
-INTENTS = "notify.intents"  # Intent, key user_id
+INTENTS = "notify.intents"  # prefix: notify.intents.<priority>, Intent, key user_id
 OUTCOMES = "notify.outcomes"  # Outcome, key user_id: every state change
 TIMERS = "notify.timers"  # Timer, key user_id: delayed and retried work
 RECEIPTS = "notify.receipts"  # Receipt, key provider_msg_id
 DLQ = "notify.dlq"  # DeadLetter
 PREFERENCES = "notify.preferences"  # Preferences, key user_id
 DEVICES = "notify.devices"  # DeviceUpdate, key user_id
+
+
+def intents(priority: str) -> str:
+    """``notify.intents.<priority>``: the guard reads each priority apart, so a burst of
+    marketing intents never queues in front of an OTP's."""
+    return f"{INTENTS}.{priority}"
+
+
+INTENT_TOPICS = [intents(p) for p in PRIORITIES]
 
 
 def lane(channel: str, priority: str) -> str:
@@ -20,5 +29,5 @@ def lane(channel: str, priority: str) -> str:
 
 LANES = [(c, p) for c in CHANNELS for p in PRIORITIES]
 
-USER_KEYED = [INTENTS, OUTCOMES, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
+USER_KEYED = INTENT_TOPICS + [OUTCOMES, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
 ALL = [EVENTS, RECEIPTS, DLQ] + USER_KEYED

@@ -1,5 +1,5 @@
 """Changelog-backed Faust tables, all partitioned by user_id (they live with the
-user's partition of ``notify.intents`` and the lanes, and move with it).
+user's partition of ``notify.intents.<priority>`` and the lanes, and move with it).
 
 =============  ==========================================  ===========================
 table          key → value                                 written by
