@@ -22,7 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.transport import base
 from yarl import URL
 
-from .client import BrokerUnavailable, BrokerURLError, connect, parse_url
+from .client import BrokerUnavailable, BrokerURLError, connect, is_cluster, parse_url
 from .consumer import Consumer
 from .keys import Keys
 from .ownership import SlotLeases
@@ -86,6 +86,8 @@ class Transport(base.Transport):
     driver_version = f"redis-py {redis.__version__}"
 
     leases: Optional[SlotLeases] = None
+    #: True once connected to a Redis Cluster (set by :meth:`client`).
+    is_cluster: bool = False
 
     def __init__(self, url: Any, app: Any, loop: Any = None) -> None:
         super().__init__(url, app, loop=loop)
@@ -105,10 +107,12 @@ class Transport(base.Transport):
             if self._connecting is None:
                 self._connecting = asyncio.ensure_future(connect([self.broker_url]))
             try:
-                self._client = await asyncio.shield(self._connecting)
+                client = await asyncio.shield(self._connecting)
             except BaseException:
                 self._connecting = None
                 raise
+            self.is_cluster = is_cluster(client)
+            self._client = client
         return self._client
 
     reader = client

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import AskError, ClusterError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -20,6 +21,7 @@ __all__ = [
     "connect",
     "parse_url",
     "TRANSIENT_ERRORS",
+    "is_cluster",
 ]
 
 log = logging.getLogger(__name__)
@@ -27,7 +29,23 @@ log = logging.getLogger(__name__)
 SCHEMES = ("redis", "rediss")
 
 #: Errors after which a command may be retried once the connection is back.
-TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+#: The cluster ones (CLUSTERDOWN, TRYAGAIN, MOVED/ASK left after redis-py's own
+#: redirects, a slot not covered yet) only happen on Redis Cluster, during a
+#: failover or resharding; the command did not run.
+TRANSIENT_ERRORS = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ConnectionError,
+    OSError,
+    ClusterError,
+    TryAgainError,
+    AskError,
+    SlotNotCoveredError,
+)
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)
 
 
 class BrokerURLError(ValueError):
@@ -91,6 +109,9 @@ async def connect(
             if info.get("cluster_enabled") in (1, "1"):
                 await client.aclose()
                 opts.pop("health_check_interval", None)
+                # the consumer keeps one blocked XREAD per hash slot it reads
+                # (see Consumer._xread_cluster): allow more than the default 100
+                opts.setdefault("max_connections", 1000)
                 client = RedisCluster.from_url(_client_url(u), **opts)
                 await client.initialize()
             return client

@@ -1,5 +1,10 @@
 """Consumer: XREAD BLOCK over the assigned partitions, offsets committed in a
-hash per group, rebalances driven by slot leases through Faust's callbacks."""
+hash per group, rebalances driven by slot leases through Faust's callbacks.
+
+On Redis Cluster a multi-key XREAD must stay within one hash slot, and every
+partition has its own hash tag, so the streams are read per slot (see
+:meth:`Consumer._xread_cluster`).
+"""
 
 import asyncio
 import logging
@@ -40,6 +45,20 @@ def _decode(entry_id: bytes, fields: dict) -> Record:
     return Record(offset_of(entry_id), float(fields[b"t"]), key, value, headers)
 
 
+class _Read(NamedTuple):
+    """An outstanding XREAD BLOCK on one hash slot (Redis Cluster only)."""
+
+    task: "asyncio.Future[Any]"
+    want: frozenset  # {(stream key, after id), ...}
+    stamp: tuple[int, int]  # (epoch, generation) when issued
+
+
+def _retrieve(task: "asyncio.Future[Any]") -> None:
+    # a replaced read's error is nobody's business; don't log it as unretrieved
+    if not task.cancelled():
+        task.exception()
+
+
 class Consumer(base.Consumer):
     transport: "Transport"
     consumer_stopped_errors = ()
@@ -56,6 +75,9 @@ class Consumer(base.Consumer):
         self._rebalance_lock = asyncio.Lock()
         self._commit_script: Any = None
         self._fence_script: Any = None
+        self._key_slot: dict[str, int] = {}
+        self._reads: dict[int, _Read] = {}
+        self._replaced: set[Any] = set()
         opts = transport.options
         self.leases = SlotLeases(
             transport.keys,
@@ -79,6 +101,7 @@ class Consumer(base.Consumer):
         await self._tick_leases()
 
     async def on_stop(self) -> None:
+        self._cancel_reads()
         await super().on_stop()
         try:
             await self.leases.release_all(await self.transport.client())
@@ -279,7 +302,11 @@ class Consumer(base.Consumer):
             return {}
         keys = self.transport.keys
         client = await self.transport.client()
-        values = await client.mget([keys.counter(tp.topic, tp.partition) for tp in partitions])
+        counters = [keys.counter(tp.topic, tp.partition) for tp in partitions]
+        if self.transport.is_cluster:
+            values = await client.mget_nonatomic(counters)  # one MGET per slot, in order
+        else:
+            values = await client.mget(counters)
         out = {tp: int(v or 0) for tp, v in zip(partitions, values)}
         self._hw.update(out)
         return out
@@ -306,7 +333,10 @@ class Consumer(base.Consumer):
         epoch, generation = self._epoch, self._generation
         try:
             client = await self.transport.reader()
-            resp = await client.xread(streams, count=self._max_records, block=max(1, int(timeout * 1000)))
+            if self.transport.is_cluster:
+                resp = await self._xread_cluster(client, streams, timeout)
+            else:
+                resp = await client.xread(streams, count=self._max_records, block=max(1, int(timeout * 1000)))
         except TRANSIENT_ERRORS as exc:
             log.warning("read failed (%s); reconnecting", exc)
             await asyncio.sleep(0.5)
@@ -327,6 +357,91 @@ class Consumer(base.Consumer):
             if hw.get(tp, 0) < nxt:
                 hw[tp] = nxt
         return out
+
+    def _slot_groups(self, client: Any, streams: Mapping[str, bytes]) -> dict[int, list[str]]:
+        slots: dict[int, list[str]] = {}
+        key_slot = self._key_slot
+        for key in streams:
+            slot = key_slot.get(key)
+            if slot is None:
+                slot = key_slot[key] = client.keyslot(key)
+            slots.setdefault(slot, []).append(key)
+        return slots
+
+    async def _xread_cluster(self, client: Any, streams: Mapping[str, bytes], timeout: float) -> list:
+        """XREAD on Redis Cluster: one blocking XREAD per hash slot, kept across calls.
+
+        A multi-key XREAD must stay in one slot and every partition has its own
+        hash tag, so each slot gets its own ``XREAD BLOCK``, sent straight to the
+        slot's node (``target_nodes``: otherwise redis-py asks the server for the
+        keys of every XREAD with COMMAND GETKEYS, two extra round trips).  The
+        reads run as tasks; this returns as soon as any has data, with every read
+        that finished by then.  The others are NOT cancelled (a cancelled blocked
+        read makes redis-py drop its connection): they stay outstanding and are
+        reused by the next call as long as they still ask for the same streams
+        from the same positions in the same epoch/generation; otherwise they are
+        replaced and their result, whenever it comes, is dropped.  So a message
+        on any slot wakes the consumer at once, and an idle worker costs one
+        read per slot per ``timeout``; the price is one connection per slot
+        with a read outstanding.
+
+        (Short non-blocking passes with a short block in between are not
+        enough: the server checks BLOCK timeouts only every 1000/hz ms, i.e.
+        100 ms by default, so an idle worker would add ~100 ms of latency.)
+        """
+        count = self._max_records
+        block = max(1, int(timeout * 1000))
+        stamp = (self._epoch, self._generation)
+        reads = self._reads
+        groups = self._slot_groups(client, streams)
+        for slot, keys in groups.items():
+            want = frozenset([(k, streams[k]) for k in keys])
+            r = reads.get(slot)
+            if r is None or r.want != want or r.stamp != stamp:
+                if r is not None:
+                    self._drop_read(r)
+                args = ["XREAD", "COUNT", count, "BLOCK", block, "STREAMS", *keys, *(streams[k] for k in keys)]
+                task = asyncio.ensure_future(
+                    client.execute_command(*args, target_nodes=client.get_node_from_key(keys[0]))
+                )
+                task.add_done_callback(_retrieve)
+                reads[slot] = _Read(task, want, stamp)
+        for slot in [s for s in reads if s not in groups]:
+            self._drop_read(reads.pop(slot))
+        done, _pending = await asyncio.wait(
+            [r.task for r in reads.values()], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:
+            return []
+        await asyncio.sleep(0)  # also take the reads whose replies arrived together
+        resp: list = []
+        error: Optional[BaseException] = None
+        for slot, r in list(reads.items()):
+            if not r.task.done():
+                continue
+            del reads[slot]
+            if r.task.cancelled():
+                continue
+            exc = r.task.exception()
+            if exc is not None:
+                error = error or exc
+            elif r.task.result():
+                resp += r.task.result()
+        if error is not None and not resp:
+            raise error
+        return resp
+
+    def _drop_read(self, r: _Read) -> None:
+        """Forget a read: it finishes on its own (its result is dropped)."""
+        if not r.task.done():
+            self._replaced.add(r.task)
+            r.task.add_done_callback(self._replaced.discard)
+
+    def _cancel_reads(self) -> None:
+        for task in [r.task for r in self._reads.values()] + list(self._replaced):
+            task.cancel()
+        self._reads.clear()
+        self._replaced.clear()
 
     def _to_message(self, tp: TP, record: Record) -> ConsumerMessage:
         key, value = record.key, record.value
@@ -375,7 +490,11 @@ class Consumer(base.Consumer):
                     log.warning("commit refused: slot %d is fenced (another worker owns it)", slot)
                     self.on_fenced(slot)
                     return False
-                raise
+                if not isinstance(exc, TRANSIENT_ERRORS):  # CLUSTERDOWN, TRYAGAIN: retry
+                    raise
+                log.warning("commit failed (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
             except TRANSIENT_ERRORS as exc:
                 log.warning("commit failed (%s); retrying in %.2fs", exc, delay)
                 await asyncio.sleep(delay)

@@ -11,6 +11,7 @@ after a grace period it also takes over any slot whose lease is free (a crashed
 or missing worker), up to ``max_slots``.
 """
 
+import asyncio
 import logging
 import time
 import uuid
@@ -54,6 +55,10 @@ class SlotLeases:
         self._clock = clock
         self._started = clock()
         self._scripts: dict[str, Any] = {}
+        # A heartbeat tick still in flight when the worker stops must not renew
+        # (RENEW re-creates a lease whose key is gone) after release_all.
+        self._lock = asyncio.Lock()
+        self._released = False
 
     def slot_of(self, partition: int) -> int:
         return partition % self.slots
@@ -83,6 +88,12 @@ class SlotLeases:
 
     async def tick(self, client: Any) -> tuple[set[int], set[int]]:
         """Renew owned leases and take free slots. Returns (gained, lost)."""
+        async with self._lock:
+            if self._released:
+                return set(), set()
+            return await self._tick(client)
+
+    async def _tick(self, client: Any) -> tuple[set[int], set[int]]:
         k, g = self.keys, self.group
         gained: set[int] = set()
         lost: set[int] = set()
@@ -114,8 +125,11 @@ class SlotLeases:
         self.owned.pop(slot, None)
 
     async def release_all(self, client: Any) -> None:
-        release = self._script(client, RELEASE)
-        for slot, token in list(self.owned.items()):
-            await release(keys=[self.keys.lease(self.group, slot)], args=[token])
-        self.owned.clear()
-        await client.hdel(self.keys.members(self.group), self.worker_id)
+        """Give every slot up (clean shutdown); later ticks do nothing."""
+        async with self._lock:
+            self._released = True
+            release = self._script(client, RELEASE)
+            for slot, token in list(self.owned.items()):
+                await release(keys=[self.keys.lease(self.group, slot)], args=[token])
+            self.owned.clear()
+            await client.hdel(self.keys.members(self.group), self.worker_id)

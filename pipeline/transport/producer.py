@@ -1,5 +1,9 @@
 """Producer: batches sends into one pipeline round trip per flush, one Lua call
-per partition, dense offsets assigned inside the script."""
+per partition, dense offsets assigned inside the script.
+
+On Redis Cluster the same pipeline is a ``ClusterPipeline``: redis-py splits it
+per node and runs the node pipelines concurrently (one round trip per node).
+"""
 
 import asyncio
 import logging
@@ -11,7 +15,7 @@ from faust.transport import producer as base
 from faust.types import TP
 from faust.types.tuples import RecordMetadata
 from mode import Service
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .client import TRANSIENT_ERRORS
 from .scripts import PRODUCE
@@ -51,6 +55,9 @@ class Producer(base.Producer):
         await super().on_start()
         client = await self.transport.client()
         self._script = client.register_script(PRODUCE)
+        if self.transport.is_cluster:
+            # a ClusterPipeline does not load scripts itself: load on every primary
+            await client.script_load(PRODUCE)
 
     def supports_headers(self) -> bool:
         return True
@@ -133,6 +140,7 @@ class Producer(base.Producer):
         transport = self.transport
         keys = transport.keys
         client = await transport.client()
+        cluster = transport.is_cluster
         pipe = client.pipeline(transaction=False)
         order = []
         for (topic, partition), items in groups.items():
@@ -150,14 +158,26 @@ class Producer(base.Producer):
                 for name, hv in headers:
                     args += [name, hv]
             skeys = [keys.stream(topic, partition), keys.counter(topic, partition), keys.fence(topic, partition)]
-            await self._script(keys=skeys, args=args, client=pipe)
+            if cluster:
+                # Not Script.__call__: it awaits the queued command, and awaiting a
+                # ClusterPipeline re-initializes it (empties its queue); nor
+                # pipe.evalsha, which ClusterPipeline blocks. The slot comes
+                # from the keys (all under one hash tag), found locally.
+                pipe.execute_command("EVALSHA", self._script.sha, len(skeys), *skeys, *args)
+            else:
+                await self._script(keys=skeys, args=args, client=pipe)
             order.append(((topic, partition), items))
         if not order:
             return {}
         results = await pipe.execute(raise_on_error=False)
         retry: dict = {}
+        reload = False
         for ((topic, partition), items), res in zip(order, results):
-            if isinstance(res, ResponseError) and str(res).startswith("FENCED"):
+            if isinstance(res, NoScriptError):
+                # e.g. a cluster node restarted or failed over: the script did not run
+                reload = True
+                retry[(topic, partition)] = items
+            elif isinstance(res, ResponseError) and str(res).startswith("FENCED"):
                 exc = ProducerFenced(f"changelog {topic}[{partition}] is fenced: {res}")
                 transport.on_fenced(topic, partition)
                 for item in items:
@@ -177,4 +197,6 @@ class Producer(base.Producer):
                     fut = item[6]
                     if not fut.done():
                         fut.set_result(RecordMetadata(topic, partition, tp, base_offset + i, item[4], 0))
+        if reload:
+            await client.script_load(PRODUCE)
         return retry

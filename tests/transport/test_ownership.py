@@ -81,6 +81,20 @@ async def test_lease_takeover_and_fencing_in_process(redis_url):
     await r.aclose()
 
 
+async def test_heartbeat_in_flight_at_shutdown_does_not_retake_the_lease(redis_url):
+    """A tick racing release_all (the heartbeat wakes when the worker stops) must not
+    renew: RENEW would re-create the released lease and the next worker waits it out."""
+    r = redis.asyncio.Redis.from_url(redis_url)
+    a = SlotLeases(K, "g", 2, lease_s=5, worker_id="A")
+    await a.tick(r)
+    assert set(a.owned) == {0, 1}
+    await asyncio.gather(a.release_all(r), a.tick(r), a.tick(r))
+    assert not a.owned and await a.tick(r) == (set(), set())
+    assert not await r.exists(K.lease("g", 0), K.lease("g", 1))
+    assert not await r.hexists(K.members("g"), "A")
+    await r.aclose()
+
+
 def test_kill_9_partitions_taken_over(redis_url, redis_sync, tmp_path):
     url = redis_url + "?slots=2&lease=2&compact=0&grace=1"
     produce(redis_url, "numbers", numbers(0, 3000))
