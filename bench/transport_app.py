@@ -1,0 +1,31 @@
+"""Faust app for bench/transport.py: MODE=stateless|table; N events to count."""
+
+import os
+import time
+
+import faust
+import redis.asyncio as aioredis
+
+N = int(os.environ["N"])
+MODE = os.environ.get("MODE", "stateless")
+BROKER = os.environ["BROKER"]
+app = faust.App(f"bench-{MODE}", broker=BROKER, store="memory://", topic_partitions=4, web_enabled=False,
+                datadir=os.environ.get("DATADIR", "/tmp/bench-transport"))
+topic = app.topic("bench", key_type=str, value_type=bytes, value_serializer="raw", partitions=4)
+table = app.Table("bench-counts", default=int, partitions=4)
+state = {"n": 0, "first": 0.0}
+
+
+@app.agent(topic)
+async def consume(stream):
+    async for key, _value in stream.items():
+        if state["n"] == 0:
+            state["first"] = time.perf_counter()
+        state["n"] += 1
+        if MODE == "table":
+            table[key] += 1
+        if state["n"] == N:
+            elapsed = time.perf_counter() - state["first"]
+            r = aioredis.Redis.from_url(BROKER.split("?")[0])
+            await r.set(f"bench:{MODE}", f"{elapsed}")
+            await r.aclose()
