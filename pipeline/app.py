@@ -32,7 +32,7 @@ def broker_url() -> str:
 app = faust.App(
     "notify",
     broker=broker_url(),
-    store="memory://",
+    store="memory-ordered://",
     topic_partitions=settings.partitions,
     web_enabled=False,
     datadir=os.path.join(settings.data_dir, "worker"),

@@ -55,9 +55,10 @@ class Producer(base.Producer):
         await super().on_start()
         client = await self.transport.client()
         self._script = client.register_script(PRODUCE)
-        if self.transport.is_cluster:
-            # a ClusterPipeline does not load scripts itself: load on every primary
-            await client.script_load(PRODUCE)
+        # Loaded once (on every primary of a cluster) and called by EVALSHA: a
+        # pipeline holding Script objects would ask SCRIPT EXISTS on every flush,
+        # one more round trip each. NOSCRIPT (a restarted server) reloads it.
+        await client.script_load(PRODUCE)
 
     def supports_headers(self) -> bool:
         return True
@@ -97,8 +98,12 @@ class Producer(base.Producer):
         return await (await self.send(*args, **kwargs))
 
     async def flush(self) -> None:
-        await self.buffer.flush()
-        await self._idle.wait()
+        """Until nothing is buffered (Faust's buffer, e.g. table changes) or pending."""
+        while True:
+            await self.buffer.flush()
+            await self._idle.wait()
+            if not self.buffer.size and not self._pending:
+                return
 
     async def on_stop(self) -> None:
         # deliver what was accepted before stopping
@@ -140,7 +145,6 @@ class Producer(base.Producer):
         transport = self.transport
         keys = transport.keys
         client = await transport.client()
-        cluster = transport.is_cluster
         pipe = client.pipeline(transaction=False)
         order = []
         for (topic, partition), items in groups.items():
@@ -158,14 +162,11 @@ class Producer(base.Producer):
                 for name, hv in headers:
                     args += [name, hv]
             skeys = [keys.stream(topic, partition), keys.counter(topic, partition), keys.fence(topic, partition)]
-            if cluster:
-                # Not Script.__call__: it awaits the queued command, and awaiting a
-                # ClusterPipeline re-initializes it (empties its queue); nor
-                # pipe.evalsha, which ClusterPipeline blocks. The slot comes
-                # from the keys (all under one hash tag), found locally.
-                pipe.execute_command("EVALSHA", self._script.sha, len(skeys), *skeys, *args)
-            else:
-                await self._script(keys=skeys, args=args, client=pipe)
+            # Not Script.__call__: it awaits the queued command, and awaiting a
+            # ClusterPipeline re-initializes it (empties its queue); nor
+            # pipe.evalsha, which ClusterPipeline blocks. On a cluster the slot
+            # comes from the keys (all under one hash tag).
+            pipe.execute_command("EVALSHA", self._script.sha, len(skeys), *skeys, *args)
             order.append(((topic, partition), items))
         if not order:
             return {}

@@ -117,3 +117,20 @@ def test_table_recovered_after_restarts_and_compaction_equals_model(seed, redis_
     finally:
         worker.kill()
         r.close()
+
+
+def test_ordered_store_applies_a_batch_in_changelog_order():
+    """Faust's memory store loses a key deleted then set to a falsy value in one batch."""
+    from types import SimpleNamespace
+
+    from tables.store import Store
+
+    def ev(key, value):
+        return SimpleNamespace(key=key, value=value, message=SimpleNamespace(value=None if value is None else b"x",
+                                                                             partition=0))
+
+    store = Store.__new__(Store)
+    store.__post_init__()
+    store.apply_changelog_batch([ev("a", 1), ev("a", None), ev("a", 0), ev("b", 2), ev("b", None)],
+                                to_key=lambda k: k, to_value=lambda v: v)
+    assert store.data == {"a": 0}

@@ -23,7 +23,7 @@ DATA = os.environ.get("DATA_URL", BROKER.split("?")[0])
 app = faust.App(
     os.environ.get("APP_ID", "t"),
     broker=BROKER,
-    store="memory://",
+    store="memory-ordered://",
     topic_partitions=PARTITIONS,
     web_enabled=False,
     broker_commit_interval=0.5,
