@@ -86,5 +86,6 @@ class FakeProvider(Provider):
             return QueryResult(False, status=QueryStatus.NOT_FOUND, supported=False, provider=self.name)
         msg_id = self.accepted.get(delivery_id)
         if msg_id:
-            return QueryResult(True, msg_id, QueryStatus.ACCEPTED, provider=self.name)
+            # what the provider's status endpoint says a while after sending
+            return QueryResult(True, msg_id, QueryStatus.DELIVERED, provider=self.name)
         return QueryResult(False, status=QueryStatus.NOT_FOUND, provider=self.name)

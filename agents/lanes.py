@@ -14,7 +14,7 @@ from typing import Optional
 
 from pipeline import metrics, runtime
 from pipeline.app import app, devices_topic, lane_topics, settings
-from pipeline.models import Attempt, Delivery, DeviceUpdate, State
+from pipeline.models import Attempt, Delivery, DeviceUpdate, State, Timer
 from pipeline.rules.attempts import after_query, after_send
 from pipeline.rules.channels import is_unsubscribed
 from pipeline.rules.plan import outcome
@@ -33,6 +33,7 @@ class Step:
     dead_letter: Optional[str] = None
     remove_token: Optional[str] = None
     inbox: Optional[InboxItem] = None
+    poll: Optional[str] = None  # provider to ask for a receipt later
     state: str = State.PENDING
     attempts_made: int = 0
 
@@ -87,6 +88,8 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
             out.remove_token = d.address.split(":", 1)[1]
         if nxt.state == State.ACCEPTED and d.channel == "inbox":
             out.inbox = InboxItem(d.user_id, d.delivery_id, d.content.get("title", ""), d.content.get("body", ""), now)
+        elif nxt.state == State.ACCEPTED and settings.receipt_poll_s:
+            out.poll = r.provider
     return out
 
 
@@ -124,6 +127,10 @@ def make_lane(channel: str, priority: str):
                 await emit.outcomes(s.outcomes)
                 if s.retry is not None:
                     await emit.retry(s.retry)
+                if s.poll:
+                    await emit.timer(d.user_id, Timer(
+                        timer_id=f"{d.delivery_id}:poll", due_at=time.time() + settings.receipt_poll_s, kind="poll",
+                        payload={"user_id": d.user_id, "delivery": d.asdict(), "provider": s.poll}))
                 if s.dead_letter:
                     await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
                 if s.remove_token:

@@ -14,7 +14,7 @@ import time
 
 from pipeline import metrics
 from pipeline.app import app, intents_topics, timers_topic
-from pipeline.models import Delivery, Intent, Receipt, Timer
+from pipeline.models import Delivery, Intent, Receipt, State, Timer
 from tables import timers
 
 from . import emit
@@ -37,6 +37,8 @@ async def scheduler(stream):
                 await intents_topics[intent.priority].send(key=intent.user_id, value=intent)
             elif held.kind == "delivery":
                 await emit.deliver(Delivery(**held.payload))
+            elif held.kind == "poll":
+                await poll_receipt(held.payload)
             elif held.kind == "receipt":
                 from .receipts import match
 
@@ -68,3 +70,23 @@ async def fire_due() -> None:
             continue
         _fired.add(tid)
         await timers_topic.send(key=user, value=Timer(timer_id=tid, due_at=now, kind="fire", payload={}))
+
+
+async def poll_receipt(payload: dict) -> None:
+    """A receipt that did not come: ask the provider (if its protocol can answer)."""
+    from pipeline import runtime
+    from pipeline.rules.plan import outcome
+
+    d = Delivery(**payload["delivery"])
+    store = await runtime.store()
+    rows = await store.get(d.delivery_id)
+    if rows and rows[0]["status"] in (State.DELIVERED, State.UNDELIVERED):
+        return  # the receipt came meanwhile
+    disp = await runtime.dispatcher()
+    provider = disp.providers.get(payload["provider"])
+    if provider is None:
+        return
+    q = await provider.query(d.delivery_id, rows[0]["provider_msg_id"] if rows else None)
+    if q.status in (State.DELIVERED, State.UNDELIVERED):
+        await emit.outcomes([outcome(d, d.channel, q.status, time.time(), reason="polled", provider=provider.name,
+                                     provider_msg_id=q.provider_msg_id)])

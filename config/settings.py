@@ -11,7 +11,7 @@ import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -73,6 +73,24 @@ class CategoryConfig:
 
 
 @dataclass(frozen=True)
+class ProviderConfig:
+    """Rate limit of one provider (token bucket: ``rate`` per second, ``burst``)."""
+
+    name: str
+    rate: float
+    burst: float
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    """Circuit breaker thresholds, the same for every provider."""
+
+    failure_threshold: int = 5
+    reset_timeout_s: float = 5.0
+    half_open_max: int = 1
+
+
+@dataclass(frozen=True)
 class Settings:
     templates_dir: str
     default_locale: str
@@ -85,6 +103,11 @@ class Settings:
     db_path: str
     channels: Mapping[str, ChannelConfig]
     categories: Mapping[str, CategoryConfig]
+    providers: Mapping[str, ProviderConfig] = field(default_factory=lambda: MappingProxyType({}))
+    #: seconds after ACCEPTED to ask a provider with a status query for a missing
+    #: receipt (0 = never)
+    receipt_poll_s: float = 60.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
     def category(self, name: str) -> CategoryConfig:
         """The category's config; KeyError when unknown."""
@@ -153,6 +176,9 @@ _TOP_KEYS = {
     "db_path",
     "channels",
     "categories",
+    "providers",
+    "breaker",
+    "receipt_poll_s",
 }
 _CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size"}
 _CATEGORY_KEYS = {"priority", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels"}
@@ -211,6 +237,39 @@ def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -
         db_path=db_path,
         channels=MappingProxyType(channels),
         categories=MappingProxyType(categories),
+        providers=MappingProxyType(_providers(raw.get("providers", {}))),
+        breaker=_breaker(raw.get("breaker", {})),
+        receipt_poll_s=_number("receipt_poll_s", raw.get("receipt_poll_s", 60.0), 0),
+    )
+
+
+def _number(key: str, value: Any, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        raise _bad(key, value, f"a number >= {minimum}")
+    return float(value)
+
+
+def _providers(raw: Any) -> dict[str, ProviderConfig]:
+    if not isinstance(raw, dict):
+        raise _bad("providers", raw, "a table")
+    out = {}
+    for name, table in raw.items():
+        if not isinstance(table, dict):
+            raise _bad(f"providers.{name}", table, "a table")
+        _no_unknown(table, {"rate", "burst"}, f"providers.{name}.")
+        rate = _number(f"providers.{name}.rate", table.get("rate"), 0.001)
+        out[name] = ProviderConfig(name, rate, _number(f"providers.{name}.burst", table.get("burst", rate), 1))
+    return out
+
+
+def _breaker(raw: Any) -> BreakerConfig:
+    if not isinstance(raw, dict):
+        raise _bad("breaker", raw, "a table")
+    _no_unknown(raw, {"failure_threshold", "reset_timeout_s", "half_open_max"}, "breaker.")
+    return BreakerConfig(
+        failure_threshold=_int("breaker.failure_threshold", raw.get("failure_threshold", 5), 1),
+        reset_timeout_s=_number("breaker.reset_timeout_s", raw.get("reset_timeout_s", 5.0), 0),
+        half_open_max=_int("breaker.half_open_max", raw.get("half_open_max", 1), 1),
     )
 
 

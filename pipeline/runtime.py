@@ -36,7 +36,6 @@ ROUTES_SIM = {
     "email": ["smtp"],
     "webhook": ["webhook"],
 }
-BREAKER = {"failure_threshold": 5, "reset_timeout": 5.0, "half_open_max": 1}
 
 
 def fake_providers() -> dict:
@@ -75,5 +74,10 @@ async def dispatcher() -> Dispatcher:
                     providers, routes = simulators.build_providers(), ROUTES_SIM
                 else:
                     providers, routes = fake_providers(), ROUTES_FAKE
-                _dispatcher = Dispatcher(providers, routes, breaker=BREAKER, on_breaker_change=metrics.on_breaker_change)
+                b = settings.breaker
+                breaker = {"failure_threshold": b.failure_threshold, "reset_timeout": b.reset_timeout_s,
+                           "half_open_max": b.half_open_max}
+                rates = {n: (p.rate, p.burst) for n, p in settings.providers.items() if n in providers}
+                _dispatcher = Dispatcher(providers, routes, rates=rates, breaker=breaker,
+                                         on_breaker_change=metrics.on_breaker_change)
     return _dispatcher

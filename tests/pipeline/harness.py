@@ -17,11 +17,13 @@ PARTITIONS = 4
 
 
 class Pipeline:
-    def __init__(self, redis_url: str, tmp: Path, **env: Any) -> None:
+    def __init__(self, redis_url: str, tmp: Path, config: str = "receipt_poll_s = 0\n", **env: Any) -> None:
         self.url = redis_url
         self.tmp = Path(tmp)
         self.db = self.tmp / "records.db"
+        (self.tmp / "notify.toml").write_text(config)
         self.env = {
+            "NOTIFY_CONFIG": str(self.tmp / "notify.toml"),
             "NOTIFY_BROKER": redis_url,
             "NOTIFY_DATA_DIR": str(self.tmp / "data"),
             "NOTIFY_DB": str(self.db),
