@@ -273,6 +273,33 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_api(args) -> int:
+    """``notify api`` serves the HTTP API (pipeline/api); ``notify keys add|ls|rm``
+    manages its API keys (the key itself is printed once, only its hash is kept)."""
+    from pipeline.api import auth, serve
+
+    settings = _settings()
+    keys_path = args.keys or os.path.join(settings.data_dir, "api_keys.json")
+    try:
+        if args.cmd == "api":
+            serve(host=args.host, port=args.port, settings=settings, broker_url=broker_url(settings),
+                  keys_path=keys_path)
+        elif args.action == "add":
+            if not args.name:
+                raise CLIError("keys add needs a producer name")
+            kid, key = auth.add_key(keys_path, args.name, args.scopes.replace(" ", ",").split(","))
+            print(json.dumps({"key_id": kid, "producer": args.name, "key": key, "file": keys_path}))
+            print("store the key now: it is not shown again", file=sys.stderr)
+        elif args.action == "ls":
+            for k in auth.list_keys(keys_path):
+                print(json.dumps(k))
+        elif not (args.name and auth.revoke_key(keys_path, args.name)):
+            raise CLIError(f"no key {args.name!r} in {keys_path}")
+    except auth.KeyFileError as exc:
+        raise CLIError(str(exc)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="notify", description="notify-stream: notifications as a stream pipeline")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -313,6 +340,17 @@ def build_parser() -> argparse.ArgumentParser:
     dm.set_defaults(fn=cmd_demo)
     st = sub.add_parser("status", help="lag, slots")
     st.set_defaults(fn=cmd_status)
+    api = sub.add_parser("api", help="the HTTP API, /metrics and the status page")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8080)
+    api.add_argument("--keys", help="API key file (default <data_dir>/api_keys.json)")
+    api.set_defaults(fn=cmd_api)
+    ks = sub.add_parser("keys", help="API keys: add <producer> --scopes a,b | ls | rm <key_id>")
+    ks.add_argument("action", choices=["add", "ls", "rm"])
+    ks.add_argument("name", nargs="?", help="producer (add) or key id (rm)")
+    ks.add_argument("--scopes", default="", help="comma-separated: events:write,records:read,users:write")
+    ks.add_argument("--keys", help="API key file (default <data_dir>/api_keys.json)")
+    ks.set_defaults(fn=cmd_api)
     return ap
 
 

@@ -1,0 +1,342 @@
+"""API keys: one or more per producer, each with scopes, stored hashed.
+
+Keys look like ``nfk_<id>_<secret>`` (``id``: 12 hex digits, public, names the
+key in logs and in the file; ``secret``: 32 random bytes, base64url). The key
+file (default ``<data_dir>/api_keys.json``, mode 0600) keeps, per id, the
+producer, the scopes, a random 16-byte salt and ``sha256(salt + secret)``; the
+secret itself is shown once, by ``notify keys add``, and never stored. A fast
+salted hash is enough because the secrets are random (256 bits), not passwords.
+
+A request sends ``Authorization: Bearer <key>``. Verification always computes
+one hash and compares with :func:`hmac.compare_digest`, also for an unknown id
+or a malformed key, so its timing does not tell which part was wrong.
+``NOTIFY_API_KEY`` (or ``bootstrap_key``) is an extra key with every scope,
+for the demo and for creating the first real keys; it is kept hashed in memory.
+
+The file is re-read when its mtime/size changes (``notify keys add`` while the
+API runs takes effect on the next request).
+
+Scopes: ``events:write`` (POST /v1/events), ``records:read`` (notification
+records, inbox and preferences reads), ``users:write`` (preferences, devices,
+inbox read marks). Receipts are authenticated by the providers' signatures,
+``/``, ``/healthz``, ``/metrics``, ``/v1/status.json`` and
+``/v1/openapi.json`` are open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import orjson
+from aiohttp import web
+
+from .errors import api_error
+
+__all__ = [
+    "SCOPES",
+    "OPEN",
+    "SIGNED",
+    "Principal",
+    "KeyStore",
+    "add_key",
+    "list_keys",
+    "revoke_key",
+    "requires",
+    "auth_middleware",
+    "KeyFileError",
+    "PRINCIPAL",
+]
+
+log = logging.getLogger("notify.api")
+
+SCOPES: tuple[str, ...] = ("events:write", "records:read", "users:write")
+#: marker: no API key needed
+OPEN = "open"
+#: marker: authenticated by the caller's signature in the handler (receipts)
+SIGNED = "signed"
+
+_PREFIX = "nfk_"
+_KID_RE = re.compile(r"^[0-9a-f]{12}$")
+_PRODUCER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")
+
+
+class KeyFileError(ValueError):
+    """The key file cannot be read or has a bad entry."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str
+    producer: str
+    scopes: frozenset[str]
+
+
+def _hash(salt: bytes, secret: str) -> str:
+    return hashlib.sha256(salt + secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _split(key: str) -> tuple[str, str]:
+    """``nfk_<kid>_<secret>`` → (kid, secret); ('', key) when it does not parse."""
+    if key.startswith(_PREFIX) and len(key) > len(_PREFIX) + 13 and key[len(_PREFIX) + 12] == "_":
+        kid = key[len(_PREFIX): len(_PREFIX) + 12]
+        if _KID_RE.match(kid):
+            return kid, key[len(_PREFIX) + 13:]
+    return "", key
+
+
+def _check_scopes(scopes: Iterable[str]) -> list[str]:
+    out = []
+    for s in scopes:
+        s = s.strip()
+        if not s:
+            continue
+        if s not in SCOPES:
+            raise KeyFileError(f"unknown scope {s!r} (known: {', '.join(SCOPES)})")
+        if s not in out:
+            out.append(s)
+    if not out:
+        raise KeyFileError(f"at least one scope is needed (known: {', '.join(SCOPES)})")
+    return out
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {"version": 1, "keys": {}}
+    except OSError as exc:
+        raise KeyFileError(f"cannot read key file {str(path)!r}: {exc}") from None
+    try:
+        data = orjson.loads(raw) if raw.strip() else {"version": 1, "keys": {}}
+    except orjson.JSONDecodeError as exc:
+        raise KeyFileError(f"key file {str(path)!r} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), dict):
+        raise KeyFileError(f'key file {str(path)!r}: expected {{"keys": {{...}}}}')
+    for kid, entry in data["keys"].items():
+        ok = (
+            _KID_RE.match(str(kid))
+            and isinstance(entry, dict)
+            and isinstance(entry.get("producer"), str)
+            and isinstance(entry.get("scopes"), list)
+            and isinstance(entry.get("salt"), str)
+            and isinstance(entry.get("hash"), str)
+        )
+        if not ok:
+            raise KeyFileError(f"key file {str(path)!r}: bad entry {kid!r}")
+    return data
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def add_key(path: str | os.PathLike[str], producer: str, scopes: Iterable[str]) -> tuple[str, str]:
+    """Create a key; returns (key id, the key itself — shown once, never stored)."""
+    if not _PRODUCER_RE.match(producer or ""):
+        raise KeyFileError(f"bad producer name {producer!r} (letters, digits, _.:@-; up to 64)")
+    scope_list = _check_scopes(scopes)
+    path = Path(path)
+    with _locked(path):
+        data = _read(path)
+        kid = secrets.token_hex(6)
+        while kid in data["keys"]:
+            kid = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        salt = secrets.token_bytes(16)
+        data["keys"][kid] = {
+            "producer": producer,
+            "scopes": scope_list,
+            "algo": "sha256",
+            "salt": salt.hex(),
+            "hash": _hash(salt, secret),
+            "created_at": time.time(),
+        }
+        _write(path, data)
+    return kid, f"{_PREFIX}{kid}_{secret}"
+
+
+def list_keys(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    data = _read(Path(path))
+    return [
+        {"key_id": kid, "producer": e["producer"], "scopes": e["scopes"], "created_at": e.get("created_at")}
+        for kid, e in sorted(data["keys"].items(), key=lambda kv: kv[1].get("created_at") or 0)
+    ]
+
+
+def revoke_key(path: str | os.PathLike[str], key_id: str) -> bool:
+    path = Path(path)
+    with _locked(path):
+        data = _read(path)
+        if data["keys"].pop(key_id, None) is None:
+            return False
+        _write(path, data)
+    return True
+
+
+# --------------------------------------------------------------------------- verification
+
+
+class KeyStore:
+    """The keys of one file (re-read when it changes) plus an optional bootstrap key."""
+
+    def __init__(self, path: str | os.PathLike[str], bootstrap_key: Optional[str] = None) -> None:
+        self.path = Path(path)
+        self._keys: dict[str, tuple[bytes, str, str, frozenset[str]]] = {}
+        self._stamp: Optional[tuple[int, int]] = None
+        self._dummy_salt = secrets.token_bytes(16)
+        self._bootstrap: Optional[tuple[bytes, str]] = None
+        if bootstrap_key:
+            salt = secrets.token_bytes(16)
+            self._bootstrap = (salt, _hash(salt, bootstrap_key))
+        self.reload(force=True)
+
+    def _stat(self) -> Optional[tuple[int, int]]:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def reload(self, force: bool = False) -> None:
+        stamp = self._stat()
+        if not force and stamp == self._stamp:
+            return
+        try:
+            data = _read(self.path)
+        except KeyFileError:
+            if force:
+                raise
+            log.error("key file %s is unreadable; keeping the keys loaded before", self.path, exc_info=True)
+            self._stamp = stamp
+            return
+        keys = {}
+        for kid, e in data["keys"].items():
+            if e.get("disabled"):
+                continue
+            keys[kid] = (bytes.fromhex(e["salt"]), e["hash"], e["producer"], frozenset(e["scopes"]))
+        self._keys = keys
+        self._stamp = stamp
+
+    def __len__(self) -> int:
+        return len(self._keys) + (self._bootstrap is not None)
+
+    def verify(self, key: str) -> Optional[Principal]:
+        """The key's principal, or None (unknown, revoked, or wrong secret)."""
+        self.reload()
+        found: Optional[Principal] = None
+        kid, secret = _split(key)
+        entry = self._keys.get(kid) if kid else None
+        if entry is not None:
+            salt, digest, producer, scopes = entry
+            if hmac.compare_digest(_hash(salt, secret), digest):
+                found = Principal(kid, producer, scopes)
+        else:
+            hmac.compare_digest(_hash(self._dummy_salt, secret), "0" * 64)  # same work either way
+        if self._bootstrap is not None:
+            salt, digest = self._bootstrap
+            if hmac.compare_digest(_hash(salt, key), digest) and found is None:
+                found = Principal("bootstrap", "bootstrap", frozenset(SCOPES))
+        return found
+
+
+def requires(scope: str, query: Iterable[str] = ()) -> Callable:
+    """Mark a handler with the scope it needs (or :data:`OPEN` / :data:`SIGNED`)
+    and the query parameters it takes (any other one is a 400, so a typo such as
+    ``?limt=5`` is not silently ignored)."""
+
+    def mark(fn: Callable) -> Callable:
+        fn.scope = scope  # type: ignore[attr-defined]
+        fn.query = frozenset(query)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+#: where the middleware leaves the caller's :class:`Principal`
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="notify"'}
+
+
+def _bearer(request: web.Request) -> Optional[str]:
+    header = request.headers.get("Authorization")
+    if not header:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    value = value.strip()
+    return value or None
+
+
+def _check_query(request: web.Request, allowed: Optional[frozenset[str]]) -> None:
+    if allowed is None:
+        return
+    for name in request.query:
+        if name not in allowed:
+            hint = f" (known: {', '.join(sorted(allowed))})" if allowed else ""
+            raise api_error(400, "unknown_parameter", f"unknown query parameter {name!r}{hint}", field=name)
+
+
+def auth_middleware(keys: KeyStore):
+    @web.middleware
+    async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        match = request.match_info
+        if getattr(match, "http_exception", None) is not None:
+            return await handler(request)  # 404 / 405: no such route, nothing to protect
+        scope = getattr(match.handler, "scope", None)
+        allowed = getattr(match.handler, "query", None)
+        if scope in (OPEN, SIGNED):
+            _check_query(request, allowed)
+            return await handler(request)
+        key = _bearer(request)
+        if key is None:
+            raise api_error(401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>'",
+                            headers=_CHALLENGE)
+        principal = keys.verify(key)
+        if principal is None:
+            raise api_error(401, "unauthorized", "invalid API key", headers=_CHALLENGE)
+        if scope is not None and scope not in principal.scopes:
+            raise api_error(403, "forbidden", f"this key lacks the scope {scope!r}", scope=scope)
+        request[PRINCIPAL] = principal
+        _check_query(request, allowed)
+        return await handler(request)
+
+    return middleware

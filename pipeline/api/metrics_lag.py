@@ -1,0 +1,319 @@
+"""Consumer lag read from Redis at scrape time, and the API's own counters.
+
+For every declared pipeline topic (``<ns>:topics``) and partition:
+
+* highwater: ``GET <ns>:{<topic>|<p>}:n`` (the next offset to assign);
+* committed: ``HGET <ns>:{g|notify}:offsets "<topic>|<p>"`` (the next offset the
+  group will read);
+* lag = highwater − committed; the age of the oldest unprocessed message is
+  now − the ``t`` field of the entry at the committed offset
+  (``XRANGE <stream> <committed>-1 + COUNT 1``).
+
+``notify.dlq`` has no consumer, so its highwater is the dead-letter depth.
+The consume rate (and so the drain time shown on the status page) is the
+change of the committed offsets between snapshots, over the last
+``rate_window`` seconds.
+
+Prometheus collectors are synchronous and the API is one event loop, so the
+``/metrics`` handler first takes a fresh snapshot with the async client (two
+pipeline round trips) and then renders; :class:`LagCollector` only turns the
+latest snapshot into metric families. Every scrape therefore shows values
+read during that scrape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from pipeline import topics as T
+from pipeline.transport.keys import Keys
+
+__all__ = [
+    "LagSampler",
+    "LagCollector",
+    "Snapshot",
+    "TopicLag",
+    "agent_of",
+    "receipts_rejected",
+    "receipts_received",
+    "api_requests",
+    "api_latency",
+    "events_accepted",
+    "events_duplicate",
+]
+
+# -- the API's own metrics (process-wide, in prometheus_client's default registry)
+
+receipts_rejected = Counter(
+    "notify_receipts_rejected_total", "Receipt callbacks refused", ["provider", "reason"]
+)
+receipts_received = Counter(
+    "notify_receipts_received_total", "Receipts written to notify.receipts", ["provider", "status"]
+)
+api_requests = Counter("notify_api_requests_total", "HTTP requests answered", ["method", "route", "status"])
+api_latency = Histogram(
+    "notify_api_request_seconds", "HTTP request handling time", ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+events_accepted = Counter("notify_api_events_accepted_total", "Events written to notify.events by the API")
+events_duplicate = Counter(
+    "notify_api_events_duplicate_total", "Repeated POST /v1/events answered from the idempotency record"
+)
+
+GROUP = "notify"  # the Faust app id = consumer group
+
+
+def agent_of(topic: str) -> str:
+    """The agent reading ``topic`` ('' when none: the DLQ)."""
+    if topic.startswith("notify.send."):
+        return "lane." + topic[len("notify.send."):]
+    if topic.startswith(T.INTENTS + "."):
+        return "guard." + topic[len(T.INTENTS) + 1:]
+    return {
+        T.EVENTS: "expand",
+        T.INTENTS: "guard",
+        T.OUTCOMES: "records",
+        T.TIMERS: "scheduler",
+        T.RECEIPTS: "receipts",
+        T.PREFERENCES: "preferences",
+        T.DEVICES: "devices",
+    }.get(topic, "")
+
+
+@dataclass
+class TopicLag:
+    topic: str
+    agent: str
+    highwater: list[int]
+    committed: list[int]
+    #: per partition: age (s) of the oldest unprocessed message; 0 if none
+    oldest_age: list[float]
+    #: messages/s consumed over the rate window (None until two snapshots)
+    rate: Optional[float] = None
+
+    @property
+    def lag(self) -> int:
+        return sum(max(0, h - c) for h, c in zip(self.highwater, self.committed))
+
+    def as_dict(self) -> dict[str, Any]:
+        lag = self.lag
+        rate = self.rate
+        if lag == 0:
+            drain: Optional[float] = 0.0
+        elif rate and rate > 0:
+            drain = lag / rate
+        else:
+            drain = None  # not draining (or not measured yet)
+        return {
+            "topic": self.topic,
+            "agent": self.agent,
+            "partitions": len(self.highwater),
+            "highwater": sum(self.highwater),
+            "committed": sum(self.committed),
+            "lag": lag,
+            "oldest_age_s": round(max(self.oldest_age, default=0.0), 3),
+            "rate_per_s": None if rate is None else round(rate, 2),
+            "drain_s": None if drain is None else round(drain, 1),
+        }
+
+
+@dataclass
+class Snapshot:
+    at: float
+    ok: bool
+    topics: dict[str, TopicLag] = field(default_factory=dict)
+    error: Optional[str] = None
+
+    @property
+    def dlq_depth(self) -> int:
+        t = self.topics.get(T.DLQ)
+        return sum(t.highwater) if t else 0
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+class LagSampler:
+    """Takes lag snapshots from Redis and keeps a short history for rates."""
+
+    def __init__(self, client: Any, keys: Keys, partitions: int, group: str = GROUP,
+                 rate_window: float = 30.0, min_interval: float = 0.25) -> None:
+        self.client = client
+        self.keys = keys
+        self.partitions = partitions
+        self.group = group
+        self.rate_window = rate_window
+        self.min_interval = min_interval
+        self._history: deque[tuple[float, dict[str, int]]] = deque()
+        self.last: Optional[Snapshot] = None
+        self.errors = 0
+
+    async def _topics(self) -> dict[str, int]:
+        raw = await self.client.hgetall(self.keys.topics)
+        out = {}
+        for k, v in raw.items():
+            name = k.decode() if isinstance(k, bytes) else str(k)
+            if name in T.ALL:  # pipeline topics; changelogs are read only at recovery
+                out[name] = _int(v) or self.partitions
+        for name in T.ALL:
+            out.setdefault(name, self.partitions)
+        return {name: out[name] for name in T.ALL}
+
+    async def snapshot(self, force: bool = False) -> Snapshot:
+        """A fresh snapshot (reused if the last one is younger than ``min_interval``)."""
+        now = time.time()
+        if not force and self.last is not None and self.last.ok and now - self.last.at < self.min_interval:
+            return self.last
+        try:
+            snap = await self._take(now)
+        except Exception as exc:  # noqa: BLE001 - report on the page/metrics, never fail a scrape
+            self.errors += 1
+            snap = Snapshot(at=now, ok=False, error=f"{type(exc).__name__}: {exc}")
+        self.last = snap
+        return snap
+
+    async def _take(self, now: float) -> Snapshot:
+        counts = await self._topics()
+        keys = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(keys.offsets(self.group))
+        order = []
+        for topic, n in counts.items():
+            for p in range(n):
+                pipe.get(keys.counter(topic, p))
+                order.append((topic, p))
+        res = await pipe.execute()
+        committed_raw = {
+            (k.decode() if isinstance(k, bytes) else k): v for k, v in (res[0] or {}).items()
+        }
+        hw = {tp: _int(v) for tp, v in zip(order, res[1:])}
+        cm = {tp: _int(committed_raw.get(keys.tp_field(*tp))) for tp in order}
+
+        # the oldest unprocessed entry of every partition that lags
+        lagging = [tp for tp in order if hw[tp] > cm[tp]]
+        ages: dict[tuple[str, int], float] = {}
+        if lagging:
+            pipe = self.client.pipeline(transaction=False)
+            for topic, p in lagging:
+                pipe.xrange(keys.stream(topic, p), min=b"%d-1" % cm[(topic, p)], max="+", count=1)
+            for tp, entries in zip(lagging, await pipe.execute()):
+                if entries:
+                    fields = entries[0][1]
+                    t = fields.get(b"t") if isinstance(fields, dict) else None
+                    try:
+                        ages[tp] = max(0.0, now - float(t)) if t is not None else 0.0
+                    except ValueError:
+                        ages[tp] = 0.0
+
+        snap = Snapshot(at=now, ok=True)
+        totals: dict[str, int] = {}
+        for topic, n in counts.items():
+            tl = TopicLag(
+                topic=topic,
+                agent=agent_of(topic),
+                highwater=[hw[(topic, p)] for p in range(n)],
+                committed=[cm[(topic, p)] for p in range(n)],
+                oldest_age=[ages.get((topic, p), 0.0) for p in range(n)],
+            )
+            snap.topics[topic] = tl
+            totals[topic] = sum(tl.committed)
+        self._rates(now, totals, snap)
+        return snap
+
+    def _rates(self, now: float, totals: dict[str, int], snap: Snapshot) -> None:
+        hist = self._history
+        hist.append((now, totals))
+        while len(hist) > 2 and now - hist[1][0] >= self.rate_window:
+            hist.popleft()
+        if len(hist) < 2:
+            return
+        t0, old = hist[0]
+        dt = now - t0
+        if dt <= 0:
+            return
+        for topic, tl in snap.topics.items():
+            if topic in old:
+                tl.rate = max(0, totals[topic] - old[topic]) / dt
+
+
+class LagCollector:
+    """Metric families from the sampler's latest snapshot (see the module doc)."""
+
+    def __init__(self, sampler: LagSampler, scheduled: Any = None) -> None:
+        self.sampler = sampler
+        #: callable → Optional[int]: SCHEDULED records (see app.py), or None
+        self.scheduled = scheduled
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        snap = self.sampler.last
+        up = GaugeMetricFamily("notify_lag_up", "1 if the last lag snapshot could read Redis")
+        up.add_metric([], 1.0 if snap is not None and snap.ok else 0.0)
+        yield up
+        errors = CounterMetricFamily("notify_lag_snapshot_errors", "Lag snapshots that failed")
+        errors.add_metric([], float(self.sampler.errors))
+        yield errors
+        if snap is None or not snap.ok:
+            return
+        labels = ["group", "agent", "topic", "partition"]
+        lag = GaugeMetricFamily("notify_consumer_lag", "Messages not yet processed (highwater - committed)", labels=labels)
+        age = GaugeMetricFamily(
+            "notify_consumer_lag_seconds", "Age of the oldest unprocessed message (0 when none)", labels=labels
+        )
+        hw = GaugeMetricFamily("notify_topic_highwater", "Next offset to assign", labels=["topic", "partition"])
+        cm = GaugeMetricFamily("notify_consumer_committed", "Committed offset (next to read)", labels=labels)
+        rate = GaugeMetricFamily(
+            "notify_consumer_rate", "Messages/s committed over the rate window", labels=["group", "agent", "topic"]
+        )
+        group = self.sampler.group
+        for topic, tl in snap.topics.items():
+            for p, (h, c, a) in enumerate(zip(tl.highwater, tl.committed, tl.oldest_age)):
+                hw.add_metric([topic, str(p)], h)
+                if topic == T.DLQ:
+                    continue  # nobody consumes it: its depth is below
+                lv = [group, tl.agent, topic, str(p)]
+                lag.add_metric(lv, max(0, h - c))
+                age.add_metric(lv, a)
+                cm.add_metric(lv, c)
+            if topic != T.DLQ and tl.rate is not None:
+                rate.add_metric([group, tl.agent, topic], tl.rate)
+        yield lag
+        yield age
+        yield hw
+        yield cm
+        yield rate
+        dlq = GaugeMetricFamily("notify_dead_letter_depth", "Messages in notify.dlq (all partitions)")
+        dlq.add_metric([], snap.dlq_depth)
+        yield dlq
+        timers = snap.topics.get(T.TIMERS)
+        backlog = GaugeMetricFamily(
+            "notify_scheduled_backlog_messages", "Unprocessed messages on notify.timers (scheduler lag)"
+        )
+        backlog.add_metric([], timers.lag if timers else 0)
+        yield backlog
+        if self.scheduled is not None:
+            n = self.scheduled()
+            if n is not None:
+                sched = GaugeMetricFamily(
+                    "notify_records_scheduled", "Deliveries waiting in state SCHEDULED (record store)"
+                )
+                sched.add_metric([], n)
+                yield sched
+
+
+def new_registry(collector: LagCollector) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    return reg

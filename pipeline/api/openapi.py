@@ -1,0 +1,533 @@
+"""The OpenAPI 3 document of the API, written by hand (served at ``/v1/openapi.json``).
+
+:func:`build_openapi` fills in the configured categories and limits, so the
+schema says what this deployment accepts; the tests check the running server
+against it with schemathesis.
+"""
+
+from __future__ import annotations
+
+import copy
+import zoneinfo
+from typing import Any
+
+from config.settings import CHANNELS, PRIORITIES
+from pipeline.models import State
+from pipeline.rules.validate import MAX_BIZ_KEY, MAX_ID
+
+__all__ = ["build_openapi"]
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(schema.get("type"), str):
+        out = {**schema, "type": [schema["type"], "null"]}
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+        return out
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _err(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+#: "has a character that Python's str.strip() keeps" (the validators strip first);
+#: spelled out because \\s differs between Python and ECMA regexes
+_NONBLANK = "[^\t\n\x0b\x0c\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": _NONBLANK}
+_USER_PATH = {"name": "id", "in": "path", "required": True, "description": "user id", "schema": _ID}
+_AUTH_ERRORS = {
+    "401": _err("no API key, or a wrong one"),
+    "403": _err("the key lacks the scope this operation needs"),
+}
+_NUM = {"type": "number"}
+_NNUM = _nullable(_NUM)
+_NSTR = _nullable({"type": "string"})
+
+
+def _templates(renderer: Any) -> tuple[list[str], list[int]]:
+    """Template codes and versions the renderer knows (from its index)."""
+    index = getattr(renderer, "_index", None) or {}
+    codes = sorted({k[0] for k in index})
+    versions = sorted({k[1] for k in index})
+    return codes, versions
+
+
+def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int = 500) -> dict[str, Any]:
+    categories = sorted(settings.categories)
+    codes, versions = _templates(renderer)
+    template = {"type": "string", "description": "a template under config/templates/<code>/v<version>/"}
+    if codes:
+        template["enum"] = codes
+    template_version: dict[str, Any] = {"type": "integer", "minimum": 1}
+    if versions:
+        template_version["enum"] = versions
+    event = {
+        "type": "object",
+        "description": "One business event (docs/SCHEMA.md). Unknown fields are ignored.",
+        "required": ["biz_key", "category", "template", "recipients"],
+        "properties": {
+            "v": {"type": "integer", "minimum": 1, "maximum": 1},
+            "biz_key": {"type": "string", "minLength": 1, "maxLength": MAX_BIZ_KEY, "pattern": _NONBLANK},
+            "category": {"type": "string", "enum": categories},
+            "template": template,
+            "template_version": _nullable(template_version),
+            "recipients": {
+                "type": "array",
+                "minItems": 1,
+                "description": f"user ids; duplicates are dropped; at most {settings.max_recipients} distinct "
+                               "(more: 400 too_many_recipients)",
+                "items": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": _NONBLANK},
+                                    {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}]},
+            },
+            "channels": _nullable({"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(CHANNELS)}}),
+            "params": _nullable({"type": "object"}),
+            "locale": _nullable({"type": "string", "pattern": r"^[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*$"}),
+            "priority": _nullable({"type": "string", "enum": list(PRIORITIES)}),
+            "send_at": _nullable({"type": "number", "minimum": 0}),
+        },
+    }
+    ids_item = {
+        "type": "object",
+        "required": ["user_id", "notification_id"],
+        "properties": {
+            "user_id": {"type": "string"},
+            "notification_id": {"type": "string", "pattern": "^n_[0-9a-f]{20}$"},
+            "state": {"type": "string", "enum": list(State.ALL)},
+            "channels": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["channel", "delivery_id", "state"],
+                    "properties": {
+                        "channel": {"type": "string"},
+                        "delivery_id": {"type": "string"},
+                        "state": {"type": "string", "enum": list(State.ALL)},
+                        "reason": _NSTR,
+                    },
+                },
+            },
+        },
+    }
+    event_result = {
+        "type": "object",
+        "description": "accepted: written now (202); duplicate: the biz_key was accepted before with the same "
+                       "content — the original ids and their current states (200); conflict / in_progress: "
+                       "nothing written (409).",
+        "required": ["status", "biz_key"],
+        "properties": {
+            "status": {"type": "string", "enum": ["accepted", "duplicate", "conflict", "in_progress"]},
+            "biz_key": {"type": "string"},
+            "accepted_at": _NNUM,
+            "notifications": {"type": "array", "items": ids_item},
+            "error": _ref("ErrorBody"),
+        },
+    }
+    attempt = {
+        "type": "object",
+        "required": ["seq", "provider", "result", "started_at"],
+        "properties": {
+            "notification_id": {"type": "string"},
+            "delivery_id": {"type": "string"},
+            "seq": {"type": "integer"},
+            "channel": {"type": "string"},
+            "provider": {"type": "string"},
+            "started_at": _NUM,
+            "result": {"type": "string"},
+            "next_at": _NNUM,
+            "latency_ms": _NNUM,
+            "retry_after": _NNUM,
+            "provider_msg_id": _NSTR,
+            "error": _NSTR,
+        },
+    }
+    record = {
+        "type": "object",
+        "description": "One delivery (notification × channel). DELIVERED is only ever shown after a receipt.",
+        "required": ["delivery_id", "notification_id", "biz_key", "user_id", "channel", "state"],
+        "properties": {
+            "delivery_id": {"type": "string"},
+            "notification_id": {"type": "string"},
+            "biz_key": {"type": "string"},
+            "user_id": {"type": "string"},
+            "channel": {"type": "string", "enum": list(CHANNELS)},
+            "category": _NSTR,
+            "template": {"type": "string"},
+            "priority": _NSTR,
+            "state": {"type": "string", "enum": list(State.ALL)},
+            "reason": _NSTR,
+            "provider": _NSTR,
+            "provider_msg_id": _NSTR,
+            "retry_count": {"type": "integer"},
+            "created_at": _NUM,
+            "updated_at": _NUM,
+            "sent_at": _NNUM,
+            "delivered_at": _NNUM,
+            "accepted_at": _NNUM,
+            "latency_ms": _NNUM,
+            "attempts": {"type": "array", "items": _ref("Attempt")},
+        },
+    }
+    preferences = {
+        "type": "object",
+        "description": "A user's settings. switches: '<category>.<channel>' ('*' for any) → on/off; anything "
+                       "not listed is on. version: omitted = the current version + 1; a lower one is refused.",
+        "properties": {
+            "user_id": _ID,
+            "version": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+            "switches": {
+                "type": "object",
+                "additionalProperties": {"type": "boolean"},
+                "propertyNames": {"pattern": "^(\\*|" + "|".join(categories) + ")\\.(\\*|" + "|".join(CHANNELS) + ")$"},
+            },
+            "quiet_hours": _nullable({"type": "string", "description": "HH:MM-HH:MM in tz (start ≠ end)",
+                                      "pattern": "^ *([01][0-9]|2[0-3]):[0-5][0-9] *- *([01][0-9]|2[0-3]):[0-5][0-9] *$"}),
+            "tz": _nullable({"type": "string", "description": "IANA zone (default UTC)",
+                             "enum": sorted(zoneinfo.available_timezones())}),
+            "phone": _NSTR,
+            "email": _NSTR,
+            "webhook_url": _NSTR,
+            "locale": _NSTR,
+            "v": {"type": "integer", "minimum": 1, "maximum": 1},
+        },
+    }
+    error_body = {
+        "type": "object",
+        "required": ["code", "message"],
+        "properties": {
+            "code": {"type": "string", "description": "machine reason (validation: see pipeline/rules/validate.py)"},
+            "message": {"type": "string"},
+            "field": {"type": "string", "description": "the offending field, dotted; [i] = batch index"},
+        },
+    }
+
+    json_body = lambda schema, desc="": {  # noqa: E731
+        "required": True, "description": desc, "content": {"application/json": {"schema": schema}}
+    }
+    bearer = [{"bearer": []}]
+
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "notify-stream API",
+            "version": "1.0.0",
+            "description": "Producers write events; support reads records; apps manage users' preferences, "
+                           "devices and inbox; providers post delivery receipts. Errors are "
+                           '{"error": {"code", "message", "field"?}}.',
+        },
+        "servers": [{"url": "/"}],
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "API key: Authorization: Bearer nfk_<id>_<secret>"},
+            },
+            "schemas": {
+                "Event": event,
+                "EventResult": event_result,
+                "Attempt": attempt,
+                "Record": record,
+                "Preferences": preferences,
+                "PreferencesUpdate": {
+                    **{k: v for k, v in preferences.items() if k != "properties"},
+                    "description": "The preferences to set; the user is the one in the path (a user_id "
+                                   "field, if sent, must match it).",
+                    "properties": {k: v for k, v in preferences["properties"].items() if k != "user_id"},
+                },
+                "ErrorBody": error_body,
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": _ref("ErrorBody")}},
+            },
+        },
+        "paths": {
+            "/v1/events": {
+                "post": {
+                    "operationId": "postEvents",
+                    "summary": "Accept one event or a batch (scope events:write)",
+                    "description": "Validated, written to notify.events, answered with the deterministic "
+                                   "notification ids. Idempotent on biz_key: a repeat answers 200 with the "
+                                   "original ids and their states, and writes nothing. A batch answers 202 if "
+                                   "any event was accepted, 200 if all were repeats, else 409; each result "
+                                   "carries its own status.",
+                    "security": [{"bearer": []}],
+                    "x-scope": "events:write",
+                    "requestBody": json_body({"oneOf": [
+                        _ref("Event"),
+                        {"type": "array", "minItems": 1, "maxItems": batch_max_events, "items": _ref("Event")},
+                    ]}),
+                    "responses": {
+                        "202": _json({"oneOf": [_ref("EventResult"), {"type": "object", "required": ["results"],
+                                     "properties": {"results": {"type": "array", "items": _ref("EventResult")}}}]},
+                                     "accepted (persisted in the stream)"),
+                        "200": _json({"oneOf": [_ref("EventResult"), {"type": "object", "required": ["results"],
+                                     "properties": {"results": {"type": "array", "items": _ref("EventResult")}}}]},
+                                     "a repeat: original ids and current states"),
+                        "400": _err("invalid event: error.code is the reason, error.field the field"),
+                        **_AUTH_ERRORS,
+                        "409": _json({"type": "object"}, "biz_key taken by different content, or in flight"),
+                        "413": _err("body, event (max_event_bytes) or batch too large"),
+                        "503": _err("broker unavailable"),
+                    },
+                }
+            },
+            "/v1/notifications": {
+                "get": {
+                    "operationId": "listNotifications",
+                    "summary": "Records by biz_key and/or user_id, newest first (scope records:read)",
+                    "security": bearer,
+                    "x-scope": "records:read",
+                    "parameters": [
+                        {"name": "biz_key", "in": "query", "schema": {"type": "string", "maxLength": MAX_BIZ_KEY}},
+                        {"name": "user_id", "in": "query", "schema": {"type": "string", "maxLength": MAX_ID}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000,
+                                                                     "default": 50}},
+                        {"name": "cursor", "in": "query", "description": "next_cursor of the previous page",
+                         "schema": {"type": "integer", "minimum": 1, "maximum": 2**62}},
+                    ],
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["items", "next_cursor"], "properties": {
+                            "items": {"type": "array", "items": _ref("Record")},
+                            "next_cursor": _nullable({"type": "integer"})}}, "a page of records"),
+                        "400": _err("bad query parameter"),
+                        **_AUTH_ERRORS,
+                        "503": _err("record store unavailable"),
+                    },
+                }
+            },
+            "/v1/notifications/{id}": {
+                "get": {
+                    "operationId": "getNotification",
+                    "summary": "A notification (all channels) or one delivery, with attempts (scope records:read)",
+                    "security": bearer,
+                    "x-scope": "records:read",
+                    "parameters": [{"name": "id", "in": "path", "required": True,
+                                    "description": "notification id n_<20 hex> or delivery id n_<20 hex>.<channel>",
+                                    "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["notification_id", "state", "deliveries"],
+                                      "properties": {
+                                          "notification_id": {"type": "string"},
+                                          "biz_key": {"type": "string"},
+                                          "user_id": {"type": "string"},
+                                          "state": {"type": "string", "enum": list(State.ALL)},
+                                          "deliveries": {"type": "array", "items": _ref("Record")}}},
+                                     "the records"),
+                        **_AUTH_ERRORS,
+                        "404": _err("no such id, or not recorded yet"),
+                        "503": _err("record store unavailable"),
+                    },
+                }
+            },
+            "/v1/users/{id}/preferences": {
+                "parameters": [_USER_PATH],
+                "get": {
+                    "operationId": "getPreferences",
+                    "summary": "The last preferences set through the API (scope records:read)",
+                    "security": bearer,
+                    "x-scope": "records:read",
+                    "responses": {
+                        "200": _json(_ref("Preferences"), "the preferences"),
+                        "400": _err("bad user id"),
+                        **_AUTH_ERRORS,
+                        "404": _err("none set through the API"),
+                    },
+                },
+                "put": {
+                    "operationId": "putPreferences",
+                    "summary": "Replace the preferences; written to notify.preferences (scope users:write)",
+                    "security": bearer,
+                    "x-scope": "users:write",
+                    "requestBody": json_body(_ref("PreferencesUpdate")),
+                    "responses": {
+                        "202": _json(_ref("Preferences"), "accepted (as written, with its version)"),
+                        "400": _err("invalid preferences"),
+                        **_AUTH_ERRORS,
+                        "409": _err("stale version"),
+                        "413": _err("body too large"),
+                        "503": _err("broker unavailable"),
+                    },
+                },
+            },
+            "/v1/users/{id}/devices/{token}": {
+                "parameters": [
+                    _USER_PATH,
+                    {"name": "token", "in": "path", "required": True, "description": "push token",
+                     "schema": {"type": "string", "pattern": r"^[A-Za-z0-9:_.\-]{1,512}$"}},
+                ],
+                "put": {
+                    "operationId": "putDevice",
+                    "summary": "Register a push token (scope users:write)",
+                    "security": bearer,
+                    "x-scope": "users:write",
+                    "requestBody": json_body({"type": "object", "required": ["platform"], "properties": {
+                        "platform": {"type": "string", "enum": ["apns", "fcm"]}}}),
+                    "responses": {
+                        "202": _json(_ref("DeviceUpdate"), "written to notify.devices"),
+                        "400": _err("bad token or platform"),
+                        **_AUTH_ERRORS,
+                        "413": _err("body too large"),
+                        "503": _err("broker unavailable"),
+                    },
+                },
+                "delete": {
+                    "operationId": "deleteDevice",
+                    "summary": "Remove a push token (scope users:write)",
+                    "security": bearer,
+                    "x-scope": "users:write",
+                    "parameters": [{"name": "platform", "in": "query",
+                                    "schema": {"type": "string", "enum": ["apns", "fcm"]}}],
+                    "responses": {
+                        "202": _json(_ref("DeviceUpdate"), "written to notify.devices"),
+                        "400": _err("bad token"),
+                        **_AUTH_ERRORS,
+                        "503": _err("broker unavailable"),
+                    },
+                },
+            },
+            "/v1/users/{id}/inbox": {
+                "get": {
+                    "operationId": "getInbox",
+                    "summary": "In-app messages, newest first, and the unread count (scope records:read)",
+                    "security": bearer,
+                    "x-scope": "records:read",
+                    "parameters": [
+                        _USER_PATH,
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200,
+                                                                     "default": 50}},
+                        {"name": "before", "in": "query", "description": "next_before of the previous page",
+                         "schema": {"type": "integer", "minimum": 1, "maximum": 2**62}},
+                    ],
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["user_id", "unread", "items"], "properties": {
+                            "user_id": {"type": "string"},
+                            "unread": {"type": "integer", "minimum": 0},
+                            "items": {"type": "array", "items": {"type": "object", "properties": {
+                                "id": {"type": "integer"}, "delivery_id": {"type": "string"},
+                                "title": {"type": "string"}, "body": {"type": "string"},
+                                "created_at": _NUM, "read_at": _NNUM}}},
+                            "next_before": _nullable({"type": "integer"})}}, "a page of the inbox"),
+                        "400": _err("bad parameter"),
+                        **_AUTH_ERRORS,
+                        "503": _err("record store unavailable"),
+                    },
+                }
+            },
+            "/v1/users/{id}/inbox/read": {
+                "post": {
+                    "operationId": "markInboxRead",
+                    "summary": "Mark messages read: given delivery ids, or all (scope users:write)",
+                    "security": bearer,
+                    "x-scope": "users:write",
+                    "parameters": [_USER_PATH],
+                    "requestBody": json_body({"type": "object", "properties": {
+                        "delivery_ids": {"type": "array", "maxItems": 1000, "items": {"type": "string"}},
+                        "all": {"type": "boolean"}},
+                        "anyOf": [{"required": ["delivery_ids"]},
+                                  {"required": ["all"], "properties": {"all": {"const": True}}}]},
+                        '{"delivery_ids": [...]} marks those, {"all": true} every message'),
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["marked", "unread"], "properties": {
+                            "user_id": {"type": "string"},
+                            "marked": {"type": "integer", "minimum": 0},
+                            "unread": {"type": "integer", "minimum": 0}}}, "how many were marked; unread left"),
+                        "400": _err("neither delivery_ids nor all: true"),
+                        **_AUTH_ERRORS,
+                        "413": _err("body too large"),
+                        "503": _err("record store unavailable"),
+                    },
+                }
+            },
+            "/v1/receipts/{provider}": {
+                "post": {
+                    "operationId": "postReceipt",
+                    "summary": "A provider's delivery receipt (signed by the provider, no API key)",
+                    "description": "twilio: form-encoded status callback with X-Twilio-Signature; smsvendor: JSON "
+                                   "with X-Vendor-Timestamp and X-Vendor-Signature (sha256=HMAC). A bad, stale "
+                                   "or replayed signature is 401 and counted in "
+                                   "notify_receipts_rejected_total.",
+                    "security": [],
+                    "parameters": [
+                        {"name": "provider", "in": "path", "required": True,
+                         "schema": {"type": "string", "enum": ["twilio", "smsvendor"]}},
+                        {"name": "X-Twilio-Signature", "in": "header", "schema": {"type": "string"}},
+                        {"name": "X-Vendor-Timestamp", "in": "header", "schema": {"type": "string"}},
+                        {"name": "X-Vendor-Signature", "in": "header", "schema": {"type": "string"}},
+                    ],
+                    "requestBody": {"required": True, "content": {
+                        "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
+                            "MessageSid": {"type": "string"}, "MessageStatus": {"type": "string"},
+                            "ErrorCode": {"type": "string"}}}},
+                        "application/json": {"schema": {"type": "object", "properties": {
+                            "message_id": {"type": "string"}, "status": {"type": "string"},
+                            "error": _NSTR, "timestamp": _NUM}}},
+                    }},
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["received"], "properties": {
+                            "received": {"type": "integer", "minimum": 0}}},
+                            "verified; final receipts written to notify.receipts"),
+                        "400": _err("malformed receipt"),
+                        "401": _err("bad, stale or replayed signature"),
+                        "404": _err("unknown provider"),
+                        "413": _err("body too large"),
+                        "503": _err("broker unavailable"),
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "operationId": "healthz", "summary": "Broker and record store reachable (open)",
+                    "security": [],
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["status"], "properties": {
+                            "status": {"type": "string"}, "broker": {"type": "boolean"},
+                            "store": {"type": "boolean"}}}, "healthy"),
+                        "503": _err("a dependency is down (error.broker / error.store say which)"),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics", "summary": "Prometheus exposition, lag read at scrape (open)",
+                    "security": [],
+                    "responses": {"200": {"description": "text/plain; version=0.0.4",
+                                          "content": {"text/plain": {"schema": {"type": "string"}}}}},
+                }
+            },
+            "/v1/status.json": {
+                "get": {
+                    "operationId": "status", "summary": "Data of the status page (open; no message contents)",
+                    "security": [],
+                    "responses": {"200": _json({"type": "object", "required": ["at", "topics", "lanes"],
+                                                "properties": {"at": _NUM, "topics": {"type": "array"},
+                                                               "lanes": {"type": "array"},
+                                                               "breakers": {"type": "object"},
+                                                               "today": _nullable({"type": "object"}),
+                                                               "dead_letters": {"type": "array"},
+                                                               "dlq_depth": _nullable({"type": "integer"})}},
+                                               "status")},
+                }
+            },
+            "/v1/openapi.json": {
+                "get": {"operationId": "openapi", "summary": "This document (open)", "security": [],
+                        "responses": {"200": _json({"type": "object"}, "OpenAPI 3 document")}}
+            },
+            "/": {
+                "get": {"operationId": "statusPage", "summary": "Status page (HTML, open)", "security": [],
+                        "responses": {"200": {"description": "HTML",
+                                              "content": {"text/html": {"schema": {"type": "string"}}}}}}
+            },
+        },
+    }
+    doc["components"]["schemas"]["DeviceUpdate"] = {
+        "type": "object",
+        "required": ["user_id", "token", "platform", "op"],
+        "properties": {"user_id": {"type": "string"}, "token": {"type": "string"},
+                       "platform": {"type": "string", "enum": ["apns", "fcm"]},
+                       "op": {"type": "string", "enum": ["add", "remove"]}, "at": _NUM},
+    }
+    return copy.deepcopy(doc)
