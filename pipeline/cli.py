@@ -80,7 +80,15 @@ def cmd_run(args) -> int:
     try:
         for i in range(args.workers):
             wenv = dict(env, NOTIFY_WORKER_INDEX=str(i))
+            if args.metrics_port:
+                wenv["NOTIFY_METRICS_PORT"] = str(args.metrics_port + i)
             procs.append(subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "-l", args.loglevel], env=wenv))
+        if args.api_port:
+            procs.append(subprocess.Popen([sys.executable, "-m", "pipeline.cli", "api", "--port", str(args.api_port)],
+                                          env=env))
+            print(f"API and status page on http://127.0.0.1:{args.api_port}/ "
+                  f"(keys: NOTIFY_API_KEY or `notify keys add`); worker metrics on "
+                  f":{args.metrics_port}..{args.metrics_port + args.workers - 1}/metrics", flush=True)
         stop = {"now": False}
 
         def _stop(*_: Any) -> None:
@@ -108,6 +116,10 @@ def cmd_worker(args) -> int:
     settings = _settings()
     os.environ.setdefault("NOTIFY_BROKER", broker_url(settings))
     os.makedirs(os.path.join(settings.data_dir, "worker"), exist_ok=True)
+    if os.environ.get("NOTIFY_METRICS_PORT"):
+        from prometheus_client import start_http_server
+
+        start_http_server(int(os.environ["NOTIFY_METRICS_PORT"]), addr="127.0.0.1")
     import faust
 
     import agents
@@ -305,7 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="embedded server (unless REDIS_URL) and workers")
     run.add_argument("--workers", type=int, default=1)
-    run.add_argument("--port", type=int, default=None)
+    run.add_argument("--port", type=int, default=None, help="embedded server port (default: a free one)")
+    run.add_argument("--api-port", type=int, default=8080, help="HTTP API port (0 = no API)")
+    run.add_argument("--metrics-port", type=int, default=9100, help="first worker's /metrics port (0 = none)")
     run.add_argument("-l", "--loglevel", default="warn")
     run.set_defaults(fn=cmd_run)
     w = sub.add_parser("worker", help="one worker")
