@@ -229,11 +229,33 @@ def cmd_outcomes(args) -> int:
 
 
 def cmd_dlq(args) -> int:
-    from pipeline.topics import DLQ
+    """``ls`` prints dead letters; ``replay`` sends bad input (source expand) back to
+    notify.events and failed deliveries (source lane) back to their lane, afresh."""
+    import orjson
+
+    from pipeline.topics import DLQ, EVENTS, lane
 
     settings = _settings()
-    for v in _read_topic(broker_url(settings), DLQ, settings.partitions, False, args.limit):
-        print(v.decode() if v else "null")
+    url = broker_url(settings)
+    letters = list(_read_topic(url, DLQ, settings.partitions, False, args.limit))
+    if args.action == "ls":
+        for v in letters:
+            print(v.decode() if v else "null")
+        return 0
+    by_topic: dict[str, list] = {}
+    for v in letters:
+        dl = orjson.loads(v)
+        if args.source and dl["source"] != args.source:
+            continue
+        if dl["source"] == "expand":
+            by_topic.setdefault(EVENTS, []).append((b"replay", dl["payload"].encode()))
+        elif dl["source"] == "lane":
+            d = orjson.loads(dl["payload"])
+            d.update(attempt=0, unknown_provider=None, reconcile_round=0, due_at=None)
+            by_topic.setdefault(lane(d["channel"], d["priority"]), []).append((d["user_id"].encode(), orjson.dumps(d)))
+    for topic, items in by_topic.items():
+        asyncio.run(_send_raw(url, topic, items))
+    print(json.dumps({"replayed": {t: len(i) for t, i in by_topic.items()}}))
     return 0
 
 
@@ -341,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("-n", "--limit", type=int, default=None)
     o.set_defaults(fn=cmd_outcomes)
     d = sub.add_parser("dlq", help="dead letters")
-    d.add_argument("action", choices=["ls"])
+    d.add_argument("action", choices=["ls", "replay"])
+    d.add_argument("--source", choices=["expand", "lane"], help="replay only this source")
     d.add_argument("-n", "--limit", type=int, default=100)
     d.set_defaults(fn=cmd_dlq)
     rec = sub.add_parser("records", help="the record store")

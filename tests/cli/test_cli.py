@@ -1,0 +1,73 @@
+"""Every `notify` command as a subprocess against a real embedded server."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def notify(env, *args, timeout=60, check=True):
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=str(ROOT), env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"notify {' '.join(args)} → {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture
+def running(tmp_path):
+    env = dict(os.environ, NOTIFY_DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(ROOT))
+    env.pop("REDIS_URL", None)
+    (tmp_path / "notify.toml").write_text("receipt_poll_s = 0\n")
+    env["NOTIFY_CONFIG"] = str(tmp_path / "notify.toml")
+    log = open(tmp_path / "run.log", "w")
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", "0", "--metrics-port", "0"],
+                           cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while not (tmp_path / "data" / "broker.url").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    yield env
+    run.terminate()
+    assert run.wait(60) == 0, (tmp_path / "run.log").read_text()[-3000:]
+
+
+def test_commands_against_the_embedded_server(running):
+    env = running
+    out = notify(env, "send", "--category", "transaction", "--template", "order_shipped", "--to", "c1",
+                 "--param", "order_no=1", "--param", "carrier=UPS", "--param", "tracking_no=T",
+                 "--param", "tracking_url=https://t", "--biz-key", "cli:1")
+    assert json.loads(out.stdout) == {"accepted": "cli:1"}
+    notify(env, "send", "--json", '{"biz_key": "bad", "category": "nope", "template": "otp", "recipients": ["c1"]}')
+    deadline = time.time() + 60
+    while True:
+        p = notify(env, "records", "show", "cli:1", check=False)
+        if p.returncode == 0 and "DELIVERED" in p.stdout:
+            break
+        assert time.time() < deadline, p.stderr
+        time.sleep(0.5)
+    rows = json.loads(p.stdout)
+    assert {r["channel"]: r["status"] for r in rows} == {"inbox": "DELIVERED", "push": "FILTERED"}
+    tail = notify(env, "outcomes", "tail", "-n", "50").stdout.splitlines()
+    assert any(json.loads(line)["biz_key"] == "cli:1" for line in tail)
+    dlq = [json.loads(line) for line in notify(env, "dlq", "ls").stdout.splitlines()]
+    assert [d["reason"] for d in dlq] == ["unknown_category"]
+    assert "replayed" in notify(env, "dlq", "replay", "--source", "expand").stdout
+    status = notify(env, "status").stdout
+    assert "notify.events" in status and "slots: 0→" in status
+
+
+def test_errors_are_one_clear_line_and_non_zero(tmp_path):
+    env = dict(os.environ, NOTIFY_DATA_DIR=str(tmp_path / "empty"), PYTHONPATH=str(ROOT))
+    env.pop("REDIS_URL", None)
+    p = notify(env, "status", check=False)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "no broker" in p.stderr
+    p = notify(env, "send", "--category", "otp", check=False)
+    assert p.returncode == 2 and "send needs" in p.stderr
+    p = notify(dict(env, REDIS_URL="redis://127.0.0.1:1/0"), "records", "show", "x", check=False)
+    assert p.returncode != 0 and p.stderr.strip().count("\n") == 0
