@@ -10,6 +10,12 @@
 """
 
 from . import expand, guard, lanes, receipts, scheduler, sink, users  # noqa: F401
+from pipeline import runtime  # noqa: E402
 from pipeline.app import app  # noqa: E402
 
 __all__ = ["app"]
+
+
+@app.on_before_shutdown.connect
+async def _close_runtime(sender, **kwargs) -> None:
+    await runtime.close()

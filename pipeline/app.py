@@ -5,6 +5,7 @@ started the embedded server). Worker ownership options come from
 ``NOTIFY_WORKERS`` (N slots) and ``NOTIFY_WORKER_INDEX`` (preferred slot).
 """
 
+import logging
 import os
 
 import faust
@@ -16,6 +17,9 @@ from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Prefere
 from .templates import Renderer
 
 settings = load_settings()
+
+# Faust logs every send at DEBUG (formatting a record per message when enabled)
+logging.getLogger("faust.topics").setLevel(logging.INFO)
 renderer = Renderer.from_settings(settings)
 
 

@@ -81,3 +81,17 @@ async def dispatcher() -> Dispatcher:
                 _dispatcher = Dispatcher(providers, routes, rates=rates, breaker=breaker,
                                          on_breaker_change=metrics.on_breaker_change)
     return _dispatcher
+
+
+async def close() -> None:
+    """Close what this process opened (aiosqlite's thread would keep it alive)."""
+    global _store, _dispatcher, simulators
+    if _store is not None:
+        await _store.close()
+        _store = None
+    if _dispatcher is not None:
+        await _dispatcher.close()
+        _dispatcher = None
+    if simulators is not None:
+        await simulators.stop()
+        simulators = None

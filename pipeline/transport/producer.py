@@ -47,8 +47,9 @@ class Producer(base.Producer):
     def __post_init__(self) -> None:
         self._pending: list[tuple] = []
         self._wakeup = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._written_cond = asyncio.Condition()
+        self._enqueued = 0  # messages ever handed to send()
+        self._written = 0  # of those, written (pending is written in order, front first)
         self._script: Any = None
 
     async def on_start(self) -> None:
@@ -90,7 +91,7 @@ class Producer(base.Producer):
         self._pending.append(
             (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers), fut)
         )
-        self._idle.clear()
+        self._enqueued += 1
         self._wakeup.set()
         return fut
 
@@ -98,12 +99,16 @@ class Producer(base.Producer):
         return await (await self.send(*args, **kwargs))
 
     async def flush(self) -> None:
-        """Until nothing is buffered (Faust's buffer, e.g. table changes) or pending."""
-        while True:
+        """Until everything sent before this call is written: Faust's buffer (table
+        changes) first, then our pending messages up to the current count. It does
+        not wait for messages other tasks send meanwhile (a busy worker is never
+        idle: waiting for that stalled lanes and commits for seconds)."""
+        while self.buffer.size:
             await self.buffer.flush()
-            await self._idle.wait()
-            if not self.buffer.size and not self._pending:
-                return
+        target = self._enqueued
+        if self._written < target:
+            async with self._written_cond:
+                await self._written_cond.wait_for(lambda: self._written >= target)
 
     async def on_stop(self) -> None:
         # deliver what was accepted before stopping
@@ -121,7 +126,9 @@ class Producer(base.Producer):
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             await self._write(batch)
-        self._idle.set()
+            self._written += len(batch)
+            async with self._written_cond:
+                self._written_cond.notify_all()
 
     async def _write(self, batch: list[tuple]) -> None:
         groups: dict[tuple[str, int], list[tuple]] = defaultdict(list)
