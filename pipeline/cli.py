@@ -76,6 +76,15 @@ def cmd_run(args) -> int:
         _broker_file(settings).write_text(url)
         print(f"embedded server {url} (AOF everysec in {server.data_dir})", flush=True)
     env = dict(os.environ, NOTIFY_BROKER=url, NOTIFY_WORKERS=str(args.workers))
+    if args.providers == "simulators":
+        # the simulators sign their receipts with secrets the API's receipts endpoint knows
+        import secrets
+
+        env.setdefault("NOTIFY_TWILIO_AUTH_TOKEN", secrets.token_hex(16))
+        env.setdefault("NOTIFY_VENDOR_SECRET", secrets.token_hex(16))
+        env["NOTIFY_PROVIDERS"] = "simulators"
+        if args.api_port:
+            env.setdefault("NOTIFY_RECEIPTS_URL", f"http://127.0.0.1:{args.api_port}/v1/receipts")
     procs = []
     try:
         for i in range(args.workers):
@@ -341,6 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=1)
     run.add_argument("--port", type=int, default=None, help="embedded server port (default: a free one)")
     run.add_argument("--api-port", type=int, default=8080, help="HTTP API port (0 = no API)")
+    run.add_argument("--providers", choices=["simulators", "fake"], default="simulators",
+                     help="provider simulators on 127.0.0.1 (default) or in-process fakes")
     run.add_argument("--metrics-port", type=int, default=9100, help="first worker's /metrics port (0 = none)")
     run.add_argument("-l", "--loglevel", default="warn")
     run.set_defaults(fn=cmd_run)

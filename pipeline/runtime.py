@@ -70,7 +70,11 @@ async def dispatcher() -> Dispatcher:
                 if kind == "simulators":
                     from adapters.simulators import start_all
 
-                    simulators = await start_all(os.environ.get("NOTIFY_RECEIPTS_URL"))
+                    simulators = await start_all(
+                        os.environ.get("NOTIFY_RECEIPTS_URL"),
+                        twilio_auth_token=os.environ.get("NOTIFY_TWILIO_AUTH_TOKEN"),
+                        vendor_secret=os.environ.get("NOTIFY_VENDOR_SECRET"),
+                    )
                     providers, routes = simulators.build_providers(), ROUTES_SIM
                 else:
                     providers, routes = fake_providers(), ROUTES_FAKE

@@ -201,17 +201,23 @@ async def start_all(
     host: str = "127.0.0.1",
     smtp_tls: bool = False,
     smtp_auth: bool = False,
+    twilio_auth_token: Optional[str] = None,
+    vendor_secret: Optional[str] = None,
 ) -> Simulators:
     """Start every simulator on ``host`` (ephemeral ports). ``receipts_url``:
     where SMS receipts go, as ``<receipts_url>/<provider>`` (or a template with
     ``{provider}``); ``profile``: random behaviour (default: realistic, mostly
-    successful); ``smtp_tls``/``smtp_auth``: require STARTTLS / AUTH."""
+    successful); ``smtp_tls``/``smtp_auth``: require STARTTLS / AUTH;
+    ``twilio_auth_token``/``vendor_secret``: the secrets receipts are signed with
+    (default: random), shared with the receipts endpoint of the API."""
     profile = profile or SimProfile.realistic()
     sims = Simulators(
         apns=ApnsSim(profile, host=host),
         fcm=FcmSim(profile, host=host),
-        twilio=TwilioSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "twilio")),
-        vendor=VendorSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "smsvendor")),
+        twilio=TwilioSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "twilio"),
+                         auth_token=twilio_auth_token),
+        vendor=VendorSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "smsvendor"),
+                         webhook_secret=vendor_secret),
         smtp=SmtpSim(
             profile,
             host=host,

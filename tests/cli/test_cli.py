@@ -27,7 +27,7 @@ def running(tmp_path):
     (tmp_path / "notify.toml").write_text("receipt_poll_s = 0\n")
     env["NOTIFY_CONFIG"] = str(tmp_path / "notify.toml")
     log = open(tmp_path / "run.log", "w")
-    run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", "0", "--metrics-port", "0"],
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", "0", "--metrics-port", "0", "--providers", "fake"],
                            cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while not (tmp_path / "data" / "broker.url").exists() and time.time() < deadline:

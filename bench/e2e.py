@@ -1,0 +1,726 @@
+"""Benchmark (not a test): the whole pipeline end to end on the embedded server
+(valkey-server, AOF everysec), two worker processes splitting 8 partitions, the
+in-process fake providers at zero latency.
+
+    python bench/e2e.py [--events 20000] [--profile]
+
+1. Users: phone/email preferences (some opted out of marketing, a few in quiet
+   hours) and push devices go through notify.preferences / notify.devices; two
+   workers apply them to the tables and stop (the tables then recover from their
+   changelogs on the measured start, as after any restart).
+2. A realistic mix of events (otp / transaction / marketing, several recipients,
+   ~5% duplicates) is produced to notify.events *before* the workers start.
+3. Two workers start; the clock runs from the first event consumed (first intent
+   produced) to the last change of the record store (SQLite), once every topic's
+   lag is zero. CPU (utime+stime from /proc) of each worker and of the server is
+   taken over the same window.
+
+``--profile`` attaches ``py-spy record`` to worker 0 for 10 s and writes
+bench/out/e2e-profile.svg (flamegraph) and bench/out/e2e-profile.txt (functions
+by own and inclusive time).
+
+Run by bench/compare.py, which writes the "e2e" section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+sys.path.insert(0, str(ROOT))
+
+from pipeline.embedded import EmbeddedRedis  # noqa: E402
+from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES  # noqa: E402
+from pipeline.transport.keys import Keys  # noqa: E402
+from tests.transport.helpers import produce_async  # noqa: E402
+
+PARTITIONS = 8
+WORKERS = 2
+GROUP = "notify"
+CLK = os.sysconf("SC_CLK_TCK")
+
+# ---------------------------------------------------------------------------
+# the mix (shared with bench/celery_peer.py)
+
+
+@dataclass
+class User:
+    id: str
+    phone: Optional[str] = None
+    email: Optional[str] = None
+    device: Optional[str] = None  # push token (apns)
+    off: tuple = ()  # switched-off "<category>.<channel>" patterns
+    quiet: bool = False
+
+    def prefs(self, hour: int) -> dict:
+        p: dict = {"user_id": self.id, "version": 1, "tz": "UTC"}
+        if self.phone:
+            p["phone"] = self.phone
+        if self.email:
+            p["email"] = self.email
+        if self.off:
+            p["switches"] = {k: False for k in self.off}
+        if self.quiet:  # quiet hours around now: normal/low are deferred, high goes through
+            p["quiet_hours"] = f"{(hour - 1) % 24:02d}:00-{(hour + 3) % 24:02d}:00"
+        return p
+
+
+def make_users(n: int, rng: random.Random) -> list[User]:
+    """Addresses end in ...99 so the fakes' failure scenarios (last four digits
+    0001/0002/0004/0006/0007) never trigger: every send is accepted first time."""
+    users = []
+    for i in range(n):
+        r = rng.random()
+        u = User(f"u{i}")
+        if r < 0.92:
+            u.phone = f"+1555{i:06d}99"
+        if r < 0.85:
+            u.email = f"user{i}99@example.com"
+        if rng.random() < 0.55:
+            u.device = f"tok{i:06d}99"
+        if rng.random() < 0.10:
+            u.off = ("marketing.*",)
+        elif rng.random() < 0.03:
+            u.off = ("transaction.push",)
+        if rng.random() < 0.02:
+            u.quiet = True
+        users.append(u)
+    return users
+
+
+def make_events(n: int, users: list[User], rng: random.Random) -> list[dict]:
+    """otp 30% (one recipient, sms), transaction 45% (1-2 recipients, default
+    channels push+inbox, or 30% of them sms+email), marketing 20% (1-3 recipients, push+email),
+    duplicates ~5% (an earlier event's business key again)."""
+    ids = [u.id for u in users]
+    events: list[dict] = []
+    i = 0
+    while len(events) < n:
+        i += 1
+        r = rng.random()
+        if r < 0.05 and events:
+            events.append(dict(rng.choice(events)))
+            continue
+        if r < 0.35:
+            ev = {"category": "otp", "template": "otp", "channels": ["sms"], "recipients": [rng.choice(ids)],
+                  "params": {"code": f"{rng.randrange(10**6):06d}"}}
+        elif r < 0.80:
+            ev = {"category": "transaction", "template": "order_shipped",
+                  "recipients": rng.sample(ids, rng.randint(1, 2)),
+                  "params": {"order_no": f"O{i}", "carrier": "UPS", "tracking_no": f"1Z{i:08d}",
+                             "tracking_url": f"https://t.example/{i}"}}
+            if rng.random() < 0.3:
+                ev["channels"] = ["sms", "email"]
+        else:
+            ev = {"category": "marketing", "template": "promo", "channels": ["push", "email"],
+                  "recipients": rng.sample(ids, rng.randint(1, 3)),
+                  "params": {"headline": "Winter sale", "discount": "20%", "url": "https://shop.example/sale"}}
+        ev["biz_key"] = f"{ev['category']}:{i}"
+        events.append(ev)
+    return events
+
+
+# ---------------------------------------------------------------------------
+# measuring
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (and of its children that were reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / CLK  # utime stime cutime cstime
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+
+
+def machine_busy() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / CLK
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU of ``pid`` and its live children (celery prefork children)."""
+    total = cpu_seconds(pid)
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        kids = []
+    return total + sum(tree_cpu(int(k)) for k in kids)
+
+
+class Lag:
+    """Highwater and committed offset of every consumed topic-partition."""
+
+    def __init__(self, r, topics: list[str]):
+        self.r = r
+        self.keys = Keys()
+        self.tps = [(t, p) for t in topics for p in range(PARTITIONS)]
+
+    def total(self) -> tuple[int, int]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.mget([self.keys.counter(t, p) for t, p in self.tps])
+        pipe.hmget(self.keys.offsets(GROUP), [self.keys.tp_field(t, p) for t, p in self.tps])
+        hw, cm = pipe.execute()
+        return sum(int(x or 0) for x in hw), sum(int(x or 0) for x in cm)
+
+    def per_topic(self) -> dict[str, tuple[int, int]]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.mget([self.keys.counter(t, p) for t, p in self.tps])
+        pipe.hmget(self.keys.offsets(GROUP), [self.keys.tp_field(t, p) for t, p in self.tps])
+        hw, cm = pipe.execute()
+        out: dict[str, list[int]] = {}
+        for (t, _p), a, b in zip(self.tps, hw, cm):
+            acc = out.setdefault(t, [0, 0])
+            acc[0] += int(a or 0)
+            acc[1] += int(b or 0)
+        return {t: (a, b) for t, (a, b) in out.items()}
+
+
+class RecordWatch:
+    """Watches the record store without scanning it: ``PRAGMA data_version`` on one
+    persistent read-only connection changes whenever another connection commits."""
+
+    def __init__(self, db: Path):
+        self.db = db
+        self.con: Optional[sqlite3.Connection] = None
+
+    def _open(self) -> Optional[sqlite3.Connection]:
+        if self.con is None and self.db.exists() and Path(str(self.db) + "-shm").exists():
+            try:
+                self.con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5)
+                self.con.execute("SELECT 1 FROM notify_record LIMIT 1").fetchall()
+            except sqlite3.OperationalError:
+                self.con = None
+        return self.con
+
+    def version(self) -> int:
+        con = self._open()
+        return con.execute("PRAGMA data_version").fetchone()[0] if con else 0
+
+    def counts(self) -> tuple[int, int]:
+        """(records, records still PENDING)"""
+        con = self._open()
+        if not con:
+            return 0, 0
+        n, pending = con.execute("SELECT count(*), total(status = 'PENDING') FROM notify_record").fetchone()
+        return int(n), int(pending)
+
+    def close(self) -> None:
+        if self.con:
+            self.con.close()
+
+
+def status_counts(db: Path) -> dict:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = con.execute("SELECT status, coalesce(reason, ''), count(*) FROM notify_record GROUP BY 1, 2").fetchall()
+    finally:
+        con.close()
+    return {f"{s}{'/' + r if r else ''}": n for s, r, n in sorted(rows, key=lambda x: -x[2])}
+
+
+def failed_rows(db: Path, limit: int = 5) -> list[dict]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        out = []
+        for did, channel, reason, retries in con.execute(
+                "SELECT delivery_id, channel, reason, retry_count FROM notify_record WHERE status = 'FAILED' LIMIT ?",
+                (limit,)):
+            errs = [e for (e,) in con.execute("SELECT coalesce(error, result) FROM attempts WHERE delivery_id = ?"
+                                               " ORDER BY seq", (did,))]
+            out.append({"channel": channel, "reason": reason, "retry_count": retries, "attempts": errs})
+        return out
+    finally:
+        con.close()
+
+
+def outcome_counts(r) -> collections.Counter:
+    keys = Keys()
+    c: collections.Counter = collections.Counter()
+    for p in range(PARTITIONS):
+        start = "-"
+        while True:
+            batch = r.xrange(keys.stream("notify.outcomes", p), min=start, count=10000)
+            for _id, f in batch:
+                o = orjson.loads(f[b"v"])
+                c[(o["state"], o.get("reason") or "")] += 1
+            if len(batch) < 10000:
+                break
+            start = "(" + batch[-1][0].decode()
+    return c
+
+
+# ---------------------------------------------------------------------------
+# profile
+
+
+def summarize_raw(raw: Path, top: int = 15) -> list[str]:
+    """Own (leaf) and inclusive share per function from py-spy's collapsed stacks."""
+    own: collections.Counter = collections.Counter()
+    incl: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(n)
+        total += n
+        frames = [_frame_name(f) for f in stack.split(";")]
+        own[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    lines = [f"{'own%':>6} {'incl%':>6}  function (file)   [{total} samples, worker 0, idle excluded]"]
+    for name, n in own.most_common(top):
+        lines.append(f"{100 * n / total:6.1f} {100 * incl[name] / total:6.1f}  {name}")
+    return lines
+
+
+def summarize_inclusive(raw: Path, top: int = 25,
+                        prefixes=("agents/", "pipeline/", "adapters/", "tables/")) -> list[str]:
+    incl: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(n)
+        total += n
+        for f in {_frame_name(f) for f in stack.split(";")}:
+            incl[f] += n
+    lines = [f"{'incl%':>6}  function (file)   [project code only]"]
+    shown = 0
+    for name, n in incl.most_common():
+        if name.startswith(prefixes) and not name.startswith("pipeline/cli.py"):
+            lines.append(f"{100 * n / total:6.1f}  {name}")
+            shown += 1
+            if shown >= top:
+                break
+    return lines
+
+
+def _frame_name(frame: str) -> str:
+    # py-spy raw frames: "function (path/to/file.py:line)"
+    fn, _, loc = frame.partition(" (")
+    path = loc.rstrip(")").rsplit(":", 1)[0]
+    for marker in ("site-packages/", str(ROOT) + "/", "lib/python3.11/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{path}:{fn}"
+
+
+def start_profile(pid: int, seconds: int) -> list[subprocess.Popen]:
+    pyspy = str(Path(sys.executable).with_name("py-spy"))
+    common = ["record", "-p", str(pid), "-d", str(seconds), "-r", "100", "--nonblocking"]
+    return [
+        subprocess.Popen([pyspy, *common, "-f", "flamegraph", "-o", str(OUT / "e2e-profile.svg")],
+                         stdout=subprocess.DEVNULL, stderr=open(OUT / "e2e-pyspy-svg.log", "w")),
+        subprocess.Popen([pyspy, *common, "-f", "raw", "-o", str(OUT / "e2e-profile.raw")],
+                         stdout=subprocess.DEVNULL, stderr=open(OUT / "e2e-pyspy-raw.log", "w")),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# --diagnose: workers with wait probes (timing wrappers; no pipeline code changed)
+
+
+def worker_shim(out: str) -> None:
+    """Run one pipeline worker with timing probes around the awaits that can stall
+    it, written to ``out`` (JSON) every 2 s: calls, total and max seconds, by caller."""
+    import threading
+
+    from faust.transport.consumer import Consumer
+
+    from pipeline.store import RecordStore
+    from pipeline.transport.producer import Producer
+
+    stats: dict = {}
+
+    def probe(cls, name: str) -> None:
+        orig = getattr(cls, name)
+
+        async def wrapper(*a, **k):
+            caller = sys._getframe(1).f_code.co_name
+            t = time.perf_counter()
+            try:
+                return await orig(*a, **k)
+            finally:
+                d = time.perf_counter() - t
+                st = stats.setdefault(f"{cls.__name__}.{name} <- {caller}", [0, 0.0, 0.0])
+                st[0] += 1
+                st[1] += d
+                st[2] = max(st[2], d)
+
+        setattr(cls, name, wrapper)
+
+    probe(Producer, "flush")
+    probe(Producer, "_write_groups")
+    probe(Consumer, "_commit_offsets")
+    probe(RecordStore, "apply_outcomes")
+
+    import agents  # noqa: F401
+    from pipeline.app import app
+
+    @app.task
+    async def loop_lag() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.01)
+            d = loop.time() - t - 0.01
+            st = stats.setdefault("event loop lag (10 ms sleeps)", [0, 0.0, 0.0])
+            st[0] += 1
+            st[1] += d
+            st[2] = max(st[2], d)
+
+    def dump() -> None:
+        while True:
+            time.sleep(2)
+            snap = {k: {"calls": v[0], "total_s": round(v[1], 3), "max_s": round(v[2], 3)}
+                    for k, v in list(stats.items())}
+            Path(out).write_text(json.dumps(snap, indent=1))
+
+    threading.Thread(target=dump, daemon=True).start()
+    from pipeline.cli import main as cli_main
+
+    sys.exit(cli_main(["worker", "-l", "warn"]))
+
+
+def read_probes() -> list[str]:
+    lines = [f"{'calls':>7} {'total s':>8} {'max s':>7}  await <- caller   [both workers]"]
+    merged: dict = {}
+    for i in range(WORKERS):
+        f = OUT / f"e2e-probes-w{i}.json"
+        if f.exists():
+            for k, v in json.loads(f.read_text()).items():
+                m = merged.setdefault(k, [0, 0.0, 0.0])
+                m[0] += v["calls"]
+                m[1] += v["total_s"]
+                m[2] = max(m[2], v["max_s"])
+    for k, (calls, total, mx) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"{calls:7d} {total:8.1f} {mx:7.2f}  {k}")
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class Result:
+    events: int
+    users: int
+    notifications: int = 0  # records + duplicates filtered (user x channel decisions)
+    records: int = 0
+    duplicates: int = 0
+    seconds: float = 0.0
+    rate: float = 0.0
+    events_rate: float = 0.0
+    cpu: dict = field(default_factory=dict)  # component -> CPU seconds in the window
+    statuses: dict = field(default_factory=dict)
+    outcomes: int = 0
+    produce_s: float = 0.0
+    startup_s: float = 0.0
+    profile: list = field(default_factory=list)
+    profile_incl: list = field(default_factory=list)
+    hung_on_stop: list = field(default_factory=list)
+    failed: list = field(default_factory=list)  # a few FAILED records with their attempts
+    probes: list = field(default_factory=list)  # --diagnose: time spent in awaits that can stall
+    overrides: list = field(default_factory=list)  # settings changed for the run (bench_config)
+    other_cpu: float = 0.0  # CPU s used by processes outside this benchmark during the window
+
+
+def bench_config(tmp: Path) -> Optional[Path]:
+    """A user config (NOTIFY_CONFIG) for the run, written only when the defaults have
+    these settings: every provider's token bucket (``[providers.*]``) lifted, since the
+    fakes answer at zero latency and this measures the pipeline, not quotas; and
+    ``receipt_poll_s = 0`` (no status poll 60 s after ACCEPTED: it is reconciliation,
+    not sending, and would stretch the measured window by its delay)."""
+    import tomllib
+
+    from config.settings import DEFAULTS_PATH
+
+    defaults = tomllib.loads(DEFAULTS_PATH.read_text())
+    text = ""
+    if "receipt_poll_s" in defaults:
+        text += "receipt_poll_s = 0\n\n"
+    for n in defaults.get("providers") or {}:
+        text += f"[providers.{n}]\nrate = 1000000\nburst = 1000000\n\n"
+    if not text:
+        return None
+    path = tmp / "bench-config.toml"
+    path.write_text(text)
+    return path
+
+
+class Workers:
+    def __init__(self, url: str, tmp: Path, diagnose: bool = False):
+        self.diagnose = diagnose
+        config = self.config = bench_config(tmp)
+        self.env = dict(
+            os.environ,
+            **({"NOTIFY_CONFIG": str(config)} if config else {}),
+            NOTIFY_BROKER=url, NOTIFY_WORKERS=str(WORKERS), NOTIFY_DATA_DIR=str(tmp / "data"),
+            NOTIFY_DB=str(tmp / "records.db"), NOTIFY_PARTITIONS=str(PARTITIONS), NOTIFY_LEASE="3",
+            NOTIFY_PROVIDERS="fake", PYTHONPATH=str(ROOT),
+        )
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, tag: str) -> None:
+        for i in range(WORKERS):
+            log = open(OUT / f"e2e-{tag}-w{i}.log", "w")
+            cmd = [sys.executable, "-m", "pipeline.cli", "worker", "-l", "warn"]
+            if self.diagnose and tag == "run":
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-shim", str(OUT / f"e2e-probes-w{i}.json")]
+            self.procs.append(subprocess.Popen(
+                cmd, cwd=str(ROOT),
+                env=dict(self.env, NOTIFY_WORKER_INDEX=str(i)), stdout=log, stderr=subprocess.STDOUT))
+
+    def check(self) -> None:
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                raise RuntimeError(f"worker {i} exited with {p.returncode}; see bench/out/e2e-*-w{i}.log")
+
+    def stop(self, grace: float = 10.0) -> list[str]:
+        """SIGTERM, then SIGKILL after ``grace`` s; a worker still running then gets its
+        stacks dumped (py-spy dump) to bench/out/e2e-stop-w<i>.txt. Returns the hung ones."""
+        hung = []
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for i, p in enumerate(self.procs):
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pyspy = str(Path(sys.executable).with_name("py-spy"))
+                with open(OUT / f"e2e-stop-w{i}.txt", "w") as f:
+                    subprocess.run([pyspy, "dump", "-p", str(p.pid)], stdout=f, stderr=subprocess.STDOUT, timeout=30)
+                hung.append(f"worker {i}")
+                p.kill()
+                p.wait()
+        self.procs = []
+        return hung
+
+
+def wait(cond, timeout: float, what: str, check=None, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if check:
+            check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users: Optional[int] = None,
+        seed: int = 8, timeout: float = 900.0, log=print) -> Result:
+    import redis
+
+    t_begin = time.monotonic()
+    _log = log
+
+    def log(msg: str) -> None:
+        _log(f"[{time.monotonic() - t_begin:6.1f}s] {msg}")
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    n_users = n_users or max(1000, n_events)
+    users = make_users(n_users, rng)
+    events = make_events(n_events, users, rng)
+    res = Result(events=n_events, users=n_users)
+    hour = time.gmtime().tm_hour
+    with tempfile.TemporaryDirectory(prefix="notify-e2e-") as tmpdir:
+        tmp = Path(tmpdir)
+        server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
+        workers = Workers(server.url, tmp, diagnose)
+        if workers.config:
+            import tomllib
+
+            cfg = tomllib.loads(workers.config.read_text())
+            if cfg.get("providers"):
+                res.overrides.append("provider token buckets (`[providers.*]`: " + ", ".join(sorted(cfg["providers"]))
+                                     + ") lifted: the fakes have no quota, and the peer has no rate limiter either")
+            if "receipt_poll_s" in cfg:
+                res.overrides.append("`receipt_poll_s = 0`: no receipt status poll 60 s after ACCEPTED (reconciliation, "
+                                     "not sending; it would stretch the window by its delay); the peer polls nothing")
+        for f in OUT.glob("e2e-probes-w*.json"):
+            f.unlink()
+        r = redis.Redis.from_url(server.url)
+        try:
+            # 1. users: preferences and devices through their topics, applied by the workers
+            prefs = [(u.id.encode(), orjson.dumps(u.prefs(hour))) for u in users]
+            devs = [(u.id.encode(), orjson.dumps({"user_id": u.id, "token": u.device, "platform": "apns",
+                                                   "op": "add", "at": time.time()})) for u in users if u.device]
+            asyncio.run(produce_async(server.url, "notify.preferences", prefs, partitions=PARTITIONS))
+            asyncio.run(produce_async(server.url, "notify.devices", devs, partitions=PARTITIONS))
+            log(f"e2e: {len(prefs)} preferences, {len(devs)} devices produced; loading the tables")
+            workers.start("load")
+            users_lag = Lag(r, [PREFERENCES, DEVICES])
+            wait(lambda: (lambda hw, cm: hw and hw == cm)(*users_lag.total()), 300, "users applied", workers.check, 0.2)
+            time.sleep(1.0)  # let the last changelog writes go out
+            log("e2e: users applied; stopping the loading workers")
+            workers.stop()
+
+            # 2. the events, before the workers start
+            items = []
+            now = time.time()
+            for e in events:
+                e = dict(e, accepted_at=now)
+                items.append((e["biz_key"].encode(), orjson.dumps(e)))
+            t0 = time.perf_counter()
+            asyncio.run(produce_async(server.url, EVENTS, items, partitions=PARTITIONS))
+            res.produce_s = time.perf_counter() - t0
+            log(f"e2e: {len(items)} events produced in {res.produce_s:.1f}s; starting {WORKERS} workers")
+
+            # 3. measure
+            consumed = [t for t in ALL if t != DLQ]
+            lag = Lag(r, consumed)
+            # first event consumed = first message any agent produced (intents, dlq, ...)
+            produced = [Keys().counter(t, p) for t in ALL if t not in (EVENTS, PREFERENCES, DEVICES)
+                        for p in range(PARTITIONS)]
+            db = tmp / "records.db"
+            t_launch = time.monotonic()
+            workers.start("run")
+            pids = {f"worker {i}": p.pid for i, p in enumerate(workers.procs)}
+            pids["redis"] = server.proc.pid
+
+            def sample() -> dict:
+                out = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                out["_machine"], out["_self"] = machine_busy(), cpu_seconds(os.getpid())
+                return out
+
+            while not any(int(x or 0) for x in r.mget(produced)):
+                workers.check()
+                if time.monotonic() - t_launch > 120:
+                    raise RuntimeError("no event consumed within 120s")
+                time.sleep(0.005)
+            t_start = time.time()
+            cpu_start = sample()
+            res.startup_s = time.monotonic() - t_launch
+            log(f"e2e: first event consumed {res.startup_s:.1f}s after the workers were started")
+            spies = start_profile(workers.procs[0].pid, 10) if profile else []
+
+            watch = RecordWatch(db)
+            trace = open(OUT / "e2e-trace.txt", "w")
+            trace.write("# t(s)  cpu w0 w1 redis (s)  then per topic: highwater/committed (summed over partitions)\n")
+            last_ver, t_last, cpu_last = None, t_start, cpu_start
+            quiet_since = None
+            deadline = time.monotonic() + timeout
+            next_log = next_trace = time.monotonic()
+            while True:
+                now = time.time()
+                ver = watch.version()
+                cpu_now = sample()
+                if ver != last_ver:
+                    last_ver, t_last, cpu_last = ver, now, cpu_now
+                    quiet_since = None
+                hw, cm = lag.total()
+                if hw == cm and ver:
+                    n, pending = watch.counts()
+                    if n and not pending:
+                        quiet_since = quiet_since or time.monotonic()
+                        if time.monotonic() - quiet_since > 1.5:
+                            break
+                else:
+                    quiet_since = None
+                workers.check()
+                mono = time.monotonic()
+                if mono > deadline:
+                    raise RuntimeError(f"not done after {timeout:.0f}s: lag {hw - cm}, records {watch.counts()}")
+                if mono >= next_trace:
+                    per = lag.per_topic()
+                    trace.write(f"{now - t_start:6.1f}  " + " ".join(f"{cpu_now[k]:.1f}" for k in pids)
+                                + f" machine {cpu_now['_machine'] - cpu_start['_machine']:.1f}  "
+                                + " ".join(f"{t}={a}/{b}" for t, (a, b) in per.items() if a) + "\n")
+                    trace.flush()
+                    next_trace += 2
+                if mono >= next_log:
+                    n, pending = watch.counts()
+                    log(f"e2e: {n} records ({pending} pending), lag {hw - cm}, {now - t_start:.0f}s")
+                    next_log += 10
+                time.sleep(0.05)
+            trace.close()
+            n_records, _ = watch.counts()
+            watch.close()
+            log(f"e2e: done: {n_records} records in {t_last - t_start:.1f}s")
+            for s in spies:
+                s.wait(60)
+            time.sleep(2.5 if diagnose else 0)  # one more probe dump
+            res.hung_on_stop = workers.stop()
+            if diagnose:
+                res.probes = read_probes()
+            res.seconds = t_last - t_start
+            res.cpu = {k: cpu_last[k] - cpu_start[k] for k in pids}
+            res.other_cpu = max(0.0, (cpu_last["_machine"] - cpu_start["_machine"]) - sum(res.cpu.values())
+                                - (cpu_last["_self"] - cpu_start["_self"]))  # tick accounting: ~±1 s
+            res.records = n_records
+            res.failed = failed_rows(db)
+            res.statuses = status_counts(db)
+            oc = outcome_counts(r)
+            res.outcomes = sum(oc.values())
+            res.duplicates = sum(n for (state, reason), n in oc.items() if reason == "duplicate")
+            res.notifications = res.records + res.duplicates
+            res.rate = res.notifications / res.seconds
+            res.events_rate = n_events / res.seconds
+            if profile:
+                raw = OUT / "e2e-profile.raw"
+                if raw.exists() and raw.stat().st_size:
+                    res.profile = summarize_raw(raw)
+                    res.profile_incl = summarize_inclusive(raw)
+                    (OUT / "e2e-profile.txt").write_text(
+                        "\n".join(res.profile) + "\n\nInclusive, project and library frames:\n"
+                        + "\n".join(res.profile_incl) + "\n")
+                else:
+                    log("e2e: py-spy wrote no samples; see bench/out/e2e-pyspy-raw.log")
+        finally:
+            workers.stop()
+            r.close()
+            server.stop()
+            log("e2e: workers and server stopped")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--users", type=int, default=None, help="default: max(1000, events)")
+    ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 for 10 s")
+    ap.add_argument("--diagnose", action="store_true", help="workers with timing probes around awaits that stall")
+    ap.add_argument("--worker-shim", metavar="OUT", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_shim:
+        return worker_shim(args.worker_shim)
+    res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users)
+    print(json.dumps({k: v for k, v in res.__dict__.items() if k not in ("profile", "profile_incl", "probes")},
+                     indent=2))
+    for block in (res.profile, res.profile_incl, res.probes):
+        if block:
+            print("\n".join(block))
+
+
+if __name__ == "__main__":
+    main()
