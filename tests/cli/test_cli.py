@@ -60,6 +60,8 @@ def test_commands_against_the_embedded_server(running):
     assert "replayed" in notify(env, "dlq", "replay", "--source", "expand").stdout
     status = notify(env, "status").stdout
     assert "notify.events" in status and "slots: 0→" in status
+    demo = notify(env, "demo", "--events", "40", "--users", "60", timeout=180).stdout
+    assert "state" in demo and "p99 ms" in demo and "ACCEPTED" in demo
 
 
 def test_errors_are_one_clear_line_and_non_zero(tmp_path):
