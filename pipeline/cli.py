@@ -109,16 +109,21 @@ def cmd_run(args) -> int:
             time.sleep(0.2)
         return max((p.returncode or 0) for p in procs if p.poll() is not None) if not stop["now"] else 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if server:
-            server.stop()
+        stop_all(procs, server)
+
+
+def stop_all(procs: list, server: Any = None, timeout: float = 30.0) -> None:
+    """SIGTERM the processes, kill what does not stop in time, then stop the server."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    if server:
+        server.stop()
 
 
 def cmd_worker(args) -> int:

@@ -112,7 +112,7 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
 
     from config.settings import load_settings
 
-    from .cli import CLIError, _send_raw, broker_url
+    from .cli import CLIError, _send_raw, broker_url, stop_all
 
     settings = load_settings()
     rng = random.Random(seed)
@@ -150,12 +150,4 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
         print(_summary(db))
         return 0
     finally:
-        for p in started:
-            p.terminate()
-        for p in started:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if server:
-            server.stop()
+        stop_all(started, server)
