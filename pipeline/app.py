@@ -42,6 +42,7 @@ app = faust.App(
     datadir=os.path.join(settings.data_dir, "worker"),
     broker_commit_interval=0.5,
     stream_buffer_maxsize=8192,
+    broker_max_poll_records=50,  # per partition per read: a deep low lane must not hold up a fetch cycle
     producer_max_batch_size=16384,
     topic_disable_leader=True,
 )

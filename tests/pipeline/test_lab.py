@@ -31,7 +31,7 @@ def test_seed_001_lab(pipe):
         {**sms, "biz_key": "lab:limited", "recipients": ["u-limited"]},
         {**sms, "biz_key": "lab:uncertain", "recipients": ["u-uncertain"]},
         {"category": "marketing", "template": "promo", "channels": ["email"], "biz_key": "lab:revoked",
-         "recipients": ["u-revoked"], "send_at": time.time() + 3,
+         "recipients": ["u-revoked"], "send_at": time.time() + 12,
          "params": {"headline": "Sale", "discount": "10%", "url": "https://example.com/sale"}},
     ])
     pipe.wait_rows(lambda r: r.get(("lab:revoked", "u-revoked", "email"), {}).get("status") == "SCHEDULED", 30,
@@ -41,7 +41,7 @@ def test_seed_001_lab(pipe):
                        "switches": {"marketing.email": False}}])
     pipe.events([{**sms, "biz_key": "lab:ok", "recipients": ["u-ok"]}])  # a duplicate of ok
     done = {"ACCEPTED", "FILTERED"}
-    rows = pipe.wait_rows(lambda r: len(r) >= 4 and all(v["status"] in done for v in r.values()), 60, "all terminal")
+    rows = pipe.wait_rows(lambda r: len(r) >= 4 and all(v["status"] in done for v in r.values()), 90, "all terminal")
     assert len(rows) == 4  # the duplicate created nothing
     assert rows[("lab:ok", "u-ok", "sms")]["status"] == "ACCEPTED"
     assert rows[("lab:limited", "u-limited", "sms")]["status"] == "ACCEPTED"

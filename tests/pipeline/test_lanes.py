@@ -40,7 +40,10 @@ def test_marketing_backlog_does_not_delay_an_otp(redis_url, redis_sync, tmp_path
                               30, "the OTP accepted")
         took = time.time() - sent
         drained = sum(1 for k, v in rows.items() if k[0].startswith("promo:") and v["status"] == "ACCEPTED")
+        # the functional check: the OTP overtook the backlog instead of waiting for it to drain
         assert drained < BACKLOG * 0.9, f"the backlog drained first ({drained}); the check proves nothing"
-        assert took < 10, f"OTP took {took:.1f}s behind the backlog"
+        # a loose bound against a stall; the latency itself is measured by the benchmarks
+        assert took < 30, f"OTP took {took:.1f}s behind the backlog"
+        print(f"OTP accepted {took:.2f}s after it was sent, with {BACKLOG - drained} marketing messages still queued")
     finally:
         pipe.stop()
