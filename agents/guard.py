@@ -85,7 +85,8 @@ async def purge_expired() -> None:
                 delete(dedup, p, key)
     oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
     for key in list(daily.data.keys()):
-        _freq, user, _category, day = key.rsplit(":", 3) if key.count(":") >= 3 else ("", "", "", "9999")
+        # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
+        user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
         if day < oldest:
             p = partition_of(topic, user.encode())
             if p in owned:
