@@ -7,13 +7,17 @@ of being taken for a duplicate of itself, and is not counted twice against the
 daily limit. Re-sent deliveries are made idempotent by the lanes' inflight table.
 """
 
+import logging
+import os
 import time
 
 from pipeline.app import app, intents_topics, renderer, settings
 from pipeline.rules.plan import plan_intent
-from tables import daily, dedup, devices, preferences
+from tables import daily, dedup, devices, inflight, preferences
 
 from . import emit
+
+log = logging.getLogger(__name__)
 
 
 async def guard(stream):
@@ -59,20 +63,24 @@ async def guard(stream):
 
 guards = {p: app.agent(topic, name=f"guard.{p}")(guard) for p, topic in intents_topics.items()}
 
-PURGE_EVERY_S = 60.0
+PURGE_EVERY_S = float(os.environ.get("NOTIFY_PURGE_EVERY_S", "60"))
 DAILY_KEEP_DAYS = 2
+INFLIGHT_KEEP_S = float(os.environ.get("NOTIFY_INFLIGHT_KEEP_S", "3600"))
+DONE_STATES = ("ACCEPTED", "DELIVERED", "FAILED", "REVIEW", "FILTERED")
 
 
 @app.timer(PURGE_EVERY_S)
 async def purge_expired() -> None:
-    """Drop dedup entries past the longest window and daily counters older than two
-    days (tombstones on the changelog; the compactor then drops their history)."""
+    """Drop dedup entries past the longest window, daily counters older than two
+    days and lane inflight marks of deliveries done an hour ago (tombstones on the
+    changelog; the compactor then drops their history)."""
     from datetime import date, timedelta
 
     from pipeline.topics import INTENT_TOPICS
     from tables import delete
 
     now = time.time()
+    purged = 0
     longest = max(c.dedup_window_s for c in settings.categories.values())
     partition_of = app.transport.partition_for
     topic = INTENT_TOPICS[0]  # every user-keyed topic has the same partitions
@@ -83,6 +91,14 @@ async def purge_expired() -> None:
             p = partition_of(topic, user.encode())
             if p in owned:
                 delete(dedup, p, key)
+                purged += 1
+    # a delivery done an hour ago can no longer be replayed from an uncommitted offset
+    for key, st in list(inflight.data.items()):
+        if st.get("t", now) < now - INFLIGHT_KEEP_S and st["s"] in DONE_STATES:
+            p = partition_of(topic, st["u"].encode())
+            if p in owned:
+                delete(inflight, p, key)
+                purged += 1
     oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
     for key in list(daily.data.keys()):
         # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
@@ -91,3 +107,6 @@ async def purge_expired() -> None:
             p = partition_of(topic, user.encode())
             if p in owned:
                 delete(daily, p, key)
+                purged += 1
+    if purged:
+        log.info("purged %d expired table entries", purged)

@@ -138,7 +138,8 @@ def make_lane(channel: str, priority: str):
                         user_id=d.user_id, token=s.remove_token, op="remove", at=time.time()))
                 # last, so it is written after the outcomes above: a crash in between
                 # leaves "calling", and the replay reconciles instead of skipping
-                put(inflight, partition, d.delivery_id, {"a": s.attempts_made, "s": s.state})
+                put(inflight, partition, d.delivery_id,
+                    {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": time.time()})
 
     lane.__name__ = f"lane_{channel}_{priority}"
     return app.agent(topic, name=f"lane.{channel}.{priority}")(lane)

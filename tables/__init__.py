@@ -46,4 +46,5 @@ def put(table, partition: int, key, value) -> None:
 def delete(table, partition: int, key) -> None:
     if key in table.data:
         del table.data[key]
-    table.send_changelog(partition, key, None)
+    # "raw" as Faust's own deletes: a real tombstone (no value), not JSON "null"
+    table.send_changelog(partition, key, None, value_serializer="raw")
