@@ -38,6 +38,11 @@ class Step:
     attempts_made: int = 0
 
 
+def _inbox_item(d: Delivery, now: float) -> InboxItem:
+    """The inbox row an accepted inbox delivery becomes (written by this lane)."""
+    return InboxItem(d.user_id, d.delivery_id, d.content.get("title", ""), d.content.get("body", ""), now)
+
+
 async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
     now = time.time()
     out = Step(attempts_made=d.attempt)
@@ -55,7 +60,7 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
                                         provider=q.provider or d.unknown_provider,
                                         provider_msg_id=nxt.provider_msg_id, retry_count=d.attempt))
             if nxt.state == State.ACCEPTED and d.channel == "inbox":
-                out.inbox = InboxItem(d.user_id, d.delivery_id, d.content.get("title", ""), d.content.get("body", ""), now)
+                out.inbox = _inbox_item(d, now)
             return out
         reconciled = bool(d.unknown_provider)
     rnd = await disp.send(d, reconciled=reconciled)
@@ -87,7 +92,7 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
         if nxt.remove_device and d.address and ":" in d.address:
             out.remove_token = d.address.split(":", 1)[1]
         if nxt.state == State.ACCEPTED and d.channel == "inbox":
-            out.inbox = InboxItem(d.user_id, d.delivery_id, d.content.get("title", ""), d.content.get("body", ""), now)
+            out.inbox = _inbox_item(d, now)
         elif nxt.state == State.ACCEPTED and settings.receipt_poll_s:
             out.poll = r.provider
     return out

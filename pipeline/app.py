@@ -57,9 +57,3 @@ preferences_topic = app.topic(T.PREFERENCES, key_type=str, value_type=Preference
 devices_topic = app.topic(T.DEVICES, key_type=str, value_type=DeviceUpdate)
 lane_topics = {(c, p): app.topic(T.lane(c, p), key_type=str, value_type=Delivery) for c, p in T.LANES}
 
-
-async def declare_topics(transport) -> None:
-    """Pre-declare every topic (a first send to an unknown topic would otherwise
-    trigger another rebalance)."""
-    for name in T.ALL:
-        await transport.declare(name, settings.partitions)
