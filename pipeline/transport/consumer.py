@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from .client import TRANSIENT_ERRORS
 from .compactor import compact_partition
+from .drain import FastDrain
 from .keys import after_id, offset_of
 from .ownership import SlotLeases
 from .scripts import COMMIT, SET_FENCE
@@ -59,7 +60,7 @@ def _retrieve(task: "asyncio.Future[Any]") -> None:
         task.exception()
 
 
-class Consumer(base.Consumer):
+class Consumer(FastDrain, base.Consumer):
     transport: "Transport"
     consumer_stopped_errors = ()
 
@@ -89,6 +90,7 @@ class Consumer(base.Consumer):
             takeover_grace_s=opts.takeover_grace_s,
         )
         transport.leases = self.leases
+        self._init_drain()
         super().__init__(transport, *args, **kwargs)
         self._max_records = self.app.conf.broker_max_poll_records or 1000
 
@@ -331,6 +333,9 @@ class Consumer(base.Consumer):
         pos = self._pos
         streams = {keys.stream(tp.topic, tp.partition): after_id(pos.get(tp, 0)) for tp in tps}
         epoch, generation = self._epoch, self._generation
+        if self._buffered_partitions:
+            # a paused partition may resume any moment: don't block long without it
+            timeout = min(timeout, 0.02)
         try:
             client = await self.transport.reader()
             if self.transport.is_cluster:

@@ -9,11 +9,12 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Optional
 
 from faust.transport import producer as base
-from faust.types import TP
-from faust.types.tuples import RecordMetadata
+from faust.types import TP, TopicT
+from faust.types.tuples import FutureMessage, RecordMetadata
 from mode import Service
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -28,6 +29,8 @@ __all__ = ["Producer", "ProducerFenced", "normalize_headers"]
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 5000
+#: messages handed to the producer and not yet written, past which streams wait
+MAX_UNWRITTEN = 20_000
 
 
 class ProducerFenced(RuntimeError):
@@ -41,8 +44,28 @@ def normalize_headers(headers: Any) -> list[tuple[str, bytes]]:
     return [(str(k), v if isinstance(v, bytes) else str(v).encode()) for k, v in items]
 
 
+class _Buffer(base.ProducerBuffer):
+    """Faust's producer buffer, whose ``wait_until_ebb`` the conductor awaits before
+    every delivery: it also holds streams back while too much is unwritten."""
+
+    producer: "Producer"
+
+    async def wait_until_ebb(self) -> None:
+        p = self.producer
+        if p._enqueued - p._written > MAX_UNWRITTEN:
+            await p._wait_written(p._enqueued - MAX_UNWRITTEN)
+        if self.pending.qsize() > self.max_messages:
+            await super().wait_until_ebb()
+
+
 class Producer(base.Producer):
     transport: "Transport"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer = _Buffer(loop=self.loop, beacon=self.beacon)
+        self.buffer.app = self.app
+        self.buffer.producer = self
 
     def __post_init__(self) -> None:
         self._pending: list[tuple] = []
@@ -87,6 +110,11 @@ class Producer(base.Producer):
             if self.transport.partitions_cached(topic) is None:
                 await self.transport.partitions(topic)
             partition = self.transport.partition_for(topic, key)
+        return self._enqueue(topic, partition, key, value, timestamp, headers)
+
+    def _enqueue(
+        self, topic: str, partition: int, key: Optional[bytes], value: Optional[bytes], timestamp: Any, headers: Any
+    ) -> "asyncio.Future[RecordMetadata]":
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(
             (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers), fut)
@@ -94,6 +122,47 @@ class Producer(base.Producer):
         self._enqueued += 1
         self._wakeup.set()
         return fut
+
+    def send_soon(self, fut: FutureMessage) -> None:
+        """Table changelog writes (and any ``Topic.send_soon``) go straight into the
+        next batch, in order with ``send``. Faust's buffer would publish them one
+        task step and one ``wait_for`` each."""
+        msg = fut.message
+        chan = msg.channel
+        topic = chan.get_topic_name() if isinstance(chan, TopicT) else None
+        partition = msg.partition
+        if topic is None or self.app.conf.producer_threaded or (
+            partition is None and self.transport.partitions_cached(topic) is None
+        ):
+            self.buffer.put(fut)  # Faust's path: resolves the topic and partitions first
+            return
+        if partition is None:
+            partition = self.transport.partition_for(topic, msg.key)
+        key, value = msg.key, msg.value
+        state = self.app.sensors.on_send_initiated(
+            self, topic, message=msg, keysize=len(key) if key else 0, valsize=len(value) if value else 0
+        )
+        written = self._enqueue(topic, partition, key, value, msg.timestamp, msg.headers)
+        written.add_done_callback(partial(self._sent_soon, fut, state))
+
+    def _sent_soon(self, fut: FutureMessage, state: Any, written: "asyncio.Future[RecordMetadata]") -> None:
+        sensors = self.app.sensors
+        exc = asyncio.CancelledError() if written.cancelled() else written.exception()
+        if exc is not None:
+            fut.set_exception(exc)
+            sensors.on_send_error(self, exc, state)
+            log.warning("send to %s failed: %s", fut.message.channel, exc)
+            return
+        res = written.result()
+        fut.set_result(res)
+        if fut.message.callback:
+            fut.message.callback(fut)
+        sensors.on_send_completed(self, state, res)
+
+    async def _wait_written(self, target: int) -> None:
+        if self._written < target:
+            async with self._written_cond:
+                await self._written_cond.wait_for(lambda: self._written >= target)
 
     async def send_and_wait(self, *args: Any, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(*args, **kwargs))
@@ -105,10 +174,7 @@ class Producer(base.Producer):
         idle: waiting for that stalled lanes and commits for seconds)."""
         while self.buffer.size:
             await self.buffer.flush()
-        target = self._enqueued
-        if self._written < target:
-            async with self._written_cond:
-                await self._written_cond.wait_for(lambda: self._written >= target)
+        await self._wait_written(self._enqueued)
 
     async def on_stop(self) -> None:
         # deliver what was accepted before stopping
