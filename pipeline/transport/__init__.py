@@ -22,7 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.transport import base
 from yarl import URL
 
-from .client import BrokerUnavailable, BrokerURLError, connect, is_cluster, parse_url
+from .client import BrokerUnavailable, BrokerURLError, connect, is_cluster, parse_url, raw_reply
 from .consumer import Consumer
 from .keys import Keys
 from .ownership import SlotLeases
@@ -112,6 +112,8 @@ class Transport(base.Transport):
                 self._connecting = None
                 raise
             self.is_cluster = is_cluster(client)
+            # the consumer parses XREAD replies itself, without a dict per entry
+            client.set_response_callback("XREAD", raw_reply)
             self._client = client
         return self._client
 

@@ -129,3 +129,8 @@ async def connect(
         f"cannot reach the broker at {u.with_password(None) if u.password else u} "
         f"after {attempts} attempts: {last}"
     )
+
+
+def raw_reply(response: Any, **options: Any) -> Any:
+    """A reply callback that keeps the reply as the server sent it."""
+    return response

@@ -39,11 +39,22 @@ class Record(NamedTuple):
     headers: list
 
 
-def _decode(entry_id: bytes, fields: dict) -> Record:
-    key, value = fields.get(b"k"), fields.get(b"v")
-    known = 1 + (key is not None) + (value is not None) + (b"o" in fields)
-    headers = [(k[2:].decode(), v) for k, v in fields.items() if k[:2] == b"h:"] if len(fields) > known else []
-    return Record(offset_of(entry_id), float(fields[b"t"]), key, value, headers)
+def _decode(entry_id: bytes, fields: list) -> Record:
+    """One entry of a raw XREAD reply: its id and its flat [name, value, ...] list."""
+    key = value = None
+    ts = 0.0
+    headers = []
+    it = iter(fields)
+    for name, val in zip(it, it):
+        if name == b"v":
+            value = val
+        elif name == b"k":
+            key = val
+        elif name == b"t":
+            ts = float(val)
+        elif name[:2] == b"h:":
+            headers.append((name[2:].decode(), val))
+    return Record(offset_of(entry_id), ts, key, value, headers)
 
 
 class _Read(NamedTuple):
@@ -58,6 +69,10 @@ def _retrieve(task: "asyncio.Future[Any]") -> None:
     # a replaced read's error is nobody's business; don't log it as unretrieved
     if not task.cancelled():
         task.exception()
+
+
+#: while a partition is paused on a full buffer: how often the others are polled
+PAUSED_POLL_S = 0.005
 
 
 class Consumer(FastDrain, base.Consumer):
@@ -251,6 +266,8 @@ class Consumer(FastDrain, base.Consumer):
                 self._pos[tp] = start[tp]
             else:
                 self._pos[tp] = result[tp] = int(c)
+            # what was delivered past the new position is delivered again
+            self._read_offset[tp] = self._pos[tp] or None
         self._epoch += 1
         return result
 
@@ -333,15 +350,22 @@ class Consumer(FastDrain, base.Consumer):
         pos = self._pos
         streams = {keys.stream(tp.topic, tp.partition): after_id(pos.get(tp, 0)) for tp in tps}
         epoch, generation = self._epoch, self._generation
-        if self._buffered_partitions:
-            # a paused partition may resume any moment: don't block long without it
-            timeout = min(timeout, 0.02)
+        # A partition paused on a full stream buffer may resume any moment, and a
+        # blocked XREAD would not see it until its timeout (which the server only
+        # checks every 100 ms): while one is paused, poll the others and wait for
+        # the resume on this side.
+        paused = bool(self._buffered_partitions)
         try:
             client = await self.transport.reader()
             if self.transport.is_cluster:
-                resp = await self._xread_cluster(client, streams, timeout)
+                resp = await self._xread_cluster(client, streams, min(timeout, 0.02) if paused else timeout)
             else:
-                resp = await client.xread(streams, count=self._max_records, block=max(1, int(timeout * 1000)))
+                block = () if paused else ("BLOCK", max(1, int(timeout * 1000)))
+                resp = await client.execute_command(
+                    "XREAD", "COUNT", self._max_records, *block, "STREAMS", *streams, *streams.values(),
+                )
+                if paused and not resp:
+                    await self._wait_resumed(PAUSED_POLL_S)
         except TRANSIENT_ERRORS as exc:
             log.warning("read failed (%s); reconnecting", exc)
             await asyncio.sleep(0.5)
@@ -351,7 +375,7 @@ class Consumer(FastDrain, base.Consumer):
         out: dict[TP, list] = {}
         key_tp = self._key_tp
         hw = self._hw
-        for key, entries in resp:
+        for key, entries in resp.items() if isinstance(resp, dict) else resp:
             tp = key_tp.get(key)
             if tp is None or not entries:
                 continue
@@ -431,7 +455,8 @@ class Consumer(FastDrain, base.Consumer):
             if exc is not None:
                 error = error or exc
             elif r.task.result():
-                resp += r.task.result()
+                got = r.task.result()  # RESP3: a map, RESP2: a list of pairs
+                resp += got.items() if isinstance(got, dict) else got
         if error is not None and not resp:
             raise error
         return resp

@@ -47,15 +47,19 @@ class FastDrain:
         super().resume_partitions(tps)  # type: ignore[misc]
         self._flow_ready.set()
 
+    async def _wait_resumed(self, timeout: float) -> None:
+        """Until a paused partition resumes, or ``timeout`` seconds."""
+        self._flow_ready.clear()
+        try:
+            await asyncio.wait_for(self._flow_ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
     async def _wait_next_records(self, timeout: float) -> Tuple[Optional[dict], Optional[Set[TP]]]:
         this: Any = self
         if this.flow_active and not this.app.client_only and not this._get_active_partitions():
             # every partition paused: wait for one to resume, not a fixed second
-            self._flow_ready.clear()
-            try:
-                await asyncio.wait_for(self._flow_ready.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+            await self._wait_resumed(timeout)
             active = this._get_active_partitions()
             if not active:
                 return {}, active

@@ -1,0 +1,30 @@
+"""Faust's Monitor sensor, kept off the per-event path.
+
+Faust adds its ``Monitor`` to the app's sensors when a worker starts, and the
+sensors are called on every message in and out, every stream event in and out,
+every send and every table read and write: a dict built, clocks read and deques
+appended per event. Nothing of ours reads it (our metrics are in
+``pipeline/metrics.py`` and the lag comes from the streams), and profiled it
+was a measurable share of each event. :func:`lean_sensors` gives the app a
+sensor delegate that leaves the monitor out; sensors added on purpose still run,
+and the monitor itself still exists for the few calls Faust makes on it directly.
+"""
+
+from typing import Any
+
+from faust.sensors.base import SensorDelegate
+
+__all__ = ["LeanSensors", "lean_sensors"]
+
+
+class LeanSensors(SensorDelegate):
+    def add(self, sensor: Any) -> None:
+        if sensor is self.app.monitor:
+            return
+        super().add(sensor)
+
+
+def lean_sensors(app: Any) -> Any:
+    """Call before the worker starts (the consumer binds the delegate's methods)."""
+    app.sensors = LeanSensors(app)
+    return app
