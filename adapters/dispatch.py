@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pipeline.models import Delivery
 
-from .base import Provider, QueryResult, SendResult
+from .base import Provider, QueryResult, QueryStatus, SendResult
 from .resilience.breaker import CircuitBreaker, counts_as_success
 from .resilience.failover import choose_provider, may_failover
 from .resilience.token_bucket import TokenBucket
@@ -87,7 +87,11 @@ class Dispatcher:
         names = [delivery.unknown_provider] if delivery.unknown_provider else self._order(delivery)
         answers = []
         for name in names:
-            q = await self.providers[name].query(delivery.delivery_id, delivery.provider_msg_id)
+            provider = self.providers.get(name)
+            if provider is None:  # pinned to a provider this worker does not have: nobody to ask (→ REVIEW)
+                answers.append(QueryResult(False, status=QueryStatus.NOT_FOUND, supported=False, provider=name))
+                continue
+            q = await provider.query(delivery.delivery_id, delivery.provider_msg_id)
             q.provider = q.provider or name
             if q.found:
                 return q

@@ -115,7 +115,11 @@ class SmtpProvider(Provider):
             return SendResult(
                 AttemptResult.PERMANENT_ERROR, name, error="no e-mail address", permanent_kind=PermanentKind.INVALID_ADDRESS
             )
-        msg = self.build_message(delivery)
+        try:
+            msg = self.build_message(delivery)
+        except (ValueError, TypeError) as exc:  # e.g. a line break in a header: no injection, no call
+            return SendResult(AttemptResult.PERMANENT_ERROR, name, error=f"bad message: {exc}"[:300],
+                              permanent_kind=PermanentKind.INVALID_REQUEST, latency_ms=sw.ms)
         msg_id = msg["Message-ID"]
         smtp = self._client()
         stage = "connect"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, Union
@@ -42,6 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from pipeline.models import Receipt
+from pipeline.rules.validate import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
 
 from .webhook import sign as _hmac_sha256_hex
 
@@ -60,6 +62,9 @@ __all__ = [
 ]
 
 Params = Union[Mapping[str, Any], Sequence[tuple[str, str]]]
+
+#: an error text is cut to this length
+MAX_ERROR = 200
 
 
 class ReceiptRejected(Exception):
@@ -153,7 +158,7 @@ def twilio_signature(auth_token: str, url: str, params: Params) -> str:
     """Twilio's X-Twilio-Signature for a form POST to ``url``."""
     pairs = _pairs(params)
     s = url + "".join(k + v for k, v in sorted(set(pairs)))
-    mac = hmac.new(auth_token.encode(), s.encode("utf-8"), hashlib.sha1)
+    mac = hmac.new(auth_token.encode(), s.encode("utf-8", "surrogatepass"), hashlib.sha1)
     return base64.b64encode(mac.digest()).decode()
 
 
@@ -187,14 +192,16 @@ _TWILIO_FINAL = {"delivered": "DELIVERED", "read": "DELIVERED", "undelivered": "
 def parse_twilio_callback(params: Params, provider: str = "twilio", now: Optional[float] = None) -> Optional[Receipt]:
     """A Twilio status callback → Receipt, or None for a non-final status."""
     d = dict(_pairs(params))
-    sid = d.get("MessageSid") or d.get("SmsSid")
+    sid = (d.get("MessageSid") or d.get("SmsSid") or "").strip()
     status = (d.get("MessageStatus") or d.get("SmsStatus") or "").lower()
     if not sid or not status:
         raise ReceiptRejected("malformed", "no MessageSid/MessageStatus")
+    if len(sid) > MAX_MSG_ID:
+        raise ReceiptRejected("malformed", f"MessageSid longer than {MAX_MSG_ID}")
     final = _TWILIO_FINAL.get(status)
     if final is None:
         return None
-    error = d.get("ErrorCode") or None
+    error = (d.get("ErrorCode") or "")[:MAX_ERROR] or None
     if final == "UNDELIVERED" and not error:
         error = status
     return Receipt(provider=provider, provider_msg_id=sid, status=final, at=time.time() if now is None else now, error=error)
@@ -237,6 +244,8 @@ def parse_vendor_callback(body: bytes | str | Mapping[str, Any] | list, provider
     items: Iterable[Any]
     if isinstance(body, Mapping) and "receipts" in body:
         items = body["receipts"]
+        if not isinstance(items, list):
+            raise ReceiptRejected("malformed", "receipts is not a list")
     elif isinstance(body, Mapping):
         items = [body]
     elif isinstance(body, list):
@@ -247,17 +256,39 @@ def parse_vendor_callback(body: bytes | str | Mapping[str, Any] | list, provider
     for item in items:
         if not isinstance(item, Mapping) or not item.get("message_id") or not item.get("status"):
             raise ReceiptRejected("malformed", "receipt without message_id/status")
-        final = _VENDOR_FINAL.get(str(item["status"]).lower())
+        msg_id, status = item["message_id"], item["status"]
+        if isinstance(msg_id, bool) or not isinstance(msg_id, (str, int)) or not str(msg_id).strip():
+            raise ReceiptRejected("malformed", "message_id is not a string")
+        msg_id = str(msg_id).strip()
+        if len(msg_id) > MAX_MSG_ID:
+            raise ReceiptRejected("malformed", f"message_id longer than {MAX_MSG_ID}")
+        if not isinstance(status, str):
+            raise ReceiptRejected("malformed", "status is not a string")
+        final = _VENDOR_FINAL.get(status.lower())
         if final is None:
             continue
-        at = item.get("timestamp")
-        try:
-            at_f = float(at) if at is not None else (time.time() if now is None else now)
-        except (TypeError, ValueError):
+        at_f = _unix_time(item.get("timestamp"))
+        if at_f is None:
             at_f = time.time() if now is None else now
-        error = item.get("error") or (str(item["status"]).lower() if final == "UNDELIVERED" else None)
-        out.append(Receipt(provider=provider, provider_msg_id=str(item["message_id"]), status=final, at=at_f, error=error))
+        error = item.get("error")
+        if error is not None and (isinstance(error, bool) or not isinstance(error, (str, int, float))):
+            raise ReceiptRejected("malformed", "error is not a string")
+        error = str(error)[:MAX_ERROR] if error not in (None, "") else None
+        if error is None and final == "UNDELIVERED":
+            error = status.lower()[:MAX_ERROR]
+        out.append(Receipt(provider=provider, provider_msg_id=msg_id, status=final, at=at_f, error=error))
     return out
+
+
+def _unix_time(value: Any) -> Optional[float]:
+    """A finite, non-negative unix time from a number or a numeric string; else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        t = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return t if math.isfinite(t) and t >= 0 else None
 
 
 # ---------------------------------------------------------------- verifier
@@ -304,10 +335,9 @@ class ReceiptVerifier:
             raise ReceiptRejected("bad_signature", "no vendor secret configured")
         if not verify_vendor_signature(self.vendor_secret, timestamp, body, signature):
             raise ReceiptRejected("bad_signature", "X-Vendor-Signature mismatch")
-        try:
-            ts = float(str(timestamp).strip())
-        except ValueError:
-            raise ReceiptRejected("malformed", "timestamp is not a number") from None
+        ts = _unix_time(str(timestamp).strip())
+        if ts is None:  # "nan" would pass any comparison: never a valid time
+            raise ReceiptRejected("malformed", "timestamp is not a unix time")
         if abs(self._now() - ts) > self.tolerance:
             raise ReceiptRejected("stale", f"timestamp {ts:.0f} outside ±{self.tolerance:.0f}s")
         key = "vendor:" + (signature or "").strip().lower()

@@ -108,6 +108,8 @@ class Settings:
     #: receipt (0 = never)
     receipt_poll_s: float = 60.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    #: size of an event's params as compact JSON (they are copied into every intent)
+    max_params_bytes: int = 65536
 
     def category(self, name: str) -> CategoryConfig:
         """The category's config; KeyError when unknown."""
@@ -170,6 +172,7 @@ _TOP_KEYS = {
     "max_event_bytes",
     "max_recipients",
     "max_params_depth",
+    "max_params_bytes",
     "redis_url",
     "data_dir",
     "partitions",
@@ -231,6 +234,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -
         max_event_bytes=_int("max_event_bytes", raw.get("max_event_bytes", 262144), 1),
         max_recipients=_int("max_recipients", raw.get("max_recipients", 10000), 1),
         max_params_depth=_int("max_params_depth", raw.get("max_params_depth", 8), 1),
+        max_params_bytes=_int("max_params_bytes", raw.get("max_params_bytes", 65536), 2),
         redis_url=redis_url,
         data_dir=data_dir,
         partitions=partitions,

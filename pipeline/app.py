@@ -12,11 +12,14 @@ import faust
 
 from config.settings import load_settings
 
+from . import redact
 from . import topics as T
+from .entries import checked_topic
 from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Preferences, Priority, Receipt, Timer
 from .templates import Renderer
 
 settings = load_settings()
+redact.install()  # no phone number, e-mail address or push token in a worker's logs
 
 # Faust logs every send at DEBUG (formatting a record per message when enabled)
 logging.getLogger("faust.topics").setLevel(logging.INFO)
@@ -48,12 +51,19 @@ app = faust.App(
 )
 
 events_topic = app.topic(T.EVENTS, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")
-intents_topics = {p: app.topic(T.intents(p), key_type=str, value_type=Intent) for p in Priority.ALL}
-outcomes_topic = app.topic(T.OUTCOMES, key_type=str, value_type=Outcome)
-timers_topic = app.topic(T.TIMERS, key_type=str, value_type=Timer)
-receipts_topic = app.topic(T.RECEIPTS, key_type=str, value_type=Receipt)
 dlq_topic = app.topic(T.DLQ, key_type=str, value_type=DeadLetter)
-preferences_topic = app.topic(T.PREFERENCES, key_type=str, value_type=Preferences)
-devices_topic = app.topic(T.DEVICES, key_type=str, value_type=DeviceUpdate)
-lane_topics = {(c, p): app.topic(T.lane(c, p), key_type=str, value_type=Delivery) for c, p in T.LANES}
+
+
+def _checked(name: str, model: type):
+    """A topic an agent reads: bad entries go to notify.dlq (pipeline/entries.py)."""
+    return checked_topic(app, name, model, settings=settings, dlq=dlq_topic)
+
+
+intents_topics = {p: _checked(T.intents(p), Intent) for p in Priority.ALL}
+outcomes_topic = _checked(T.OUTCOMES, Outcome)
+timers_topic = _checked(T.TIMERS, Timer)
+receipts_topic = _checked(T.RECEIPTS, Receipt)
+preferences_topic = _checked(T.PREFERENCES, Preferences)
+devices_topic = _checked(T.DEVICES, DeviceUpdate)
+lane_topics = {(c, p): _checked(T.lane(c, p), Delivery) for c, p in T.LANES}
 

@@ -408,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from pipeline import redact
+
+    redact.install()  # recipients are masked in every log line of every command
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

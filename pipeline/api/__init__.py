@@ -20,6 +20,9 @@ def serve(host: str = "127.0.0.1", port: int = 8080, **kwargs) -> None:
 
     from aiohttp import web
 
+    from pipeline import redact
+
+    redact.install()  # no recipient, device token (access log paths) or API key in the API's logs
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -62,7 +62,7 @@ from pipeline import ids
 from pipeline import topics as T
 from pipeline.models import DeviceUpdate, Event
 from pipeline.rules.states import RANK
-from pipeline.rules.validate import MAX_ID, InvalidEvent, parse_event, parse_preferences
+from pipeline.rules.validate import MAX_ID, TOKEN_RE, InvalidEvent, parse_event, parse_preferences
 from pipeline.store import RecordStore
 from pipeline.transport.client import connect, parse_url
 from pipeline.transport.keys import Keys
@@ -86,7 +86,6 @@ _MAX_VERSION = 2**63 - 1
 
 _NID_RE = re.compile(r"^n_[0-9a-f]{20}$")
 _DID_RE = re.compile(r"^n_[0-9a-f]{20}\.(inbox|push|sms|email|webhook)$")
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9:_.\-]{1,512}$")
 
 #: compare-and-delete of a claim (only the request that took it releases it)
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
@@ -615,7 +614,7 @@ class Api:
 
     def _token(self, request: web.Request) -> str:
         token = request.match_info["token"]
-        if not _TOKEN_RE.match(token):
+        if not TOKEN_RE.match(token):
             raise api_error(400, "bad_value", "a device token is 1..512 of A-Z a-z 0-9 : _ . -", field="token")
         return token
 
@@ -697,7 +696,10 @@ class Api:
                                    guard=guard)
         try:
             if provider == "twilio":
-                form = await request.post()
+                try:
+                    form = await request.post()
+                except (UnicodeDecodeError, ValueError) as exc:  # a body that is not a UTF-8 form
+                    raise ReceiptRejected("malformed", f"not a form: {type(exc).__name__}") from None
                 params = [(k, v) for k, v in form.items() if isinstance(v, str)]
                 url = (self.public_url + str(request.rel_url)) if self.public_url else str(request.url)
                 one = await verifier.twilio(url, params, request.headers.get("X-Twilio-Signature"))

@@ -277,9 +277,10 @@ class KeyStore:
 
 
 def requires(scope: str, query: Iterable[str] = ()) -> Callable:
-    """Mark a handler with the scope it needs (or :data:`OPEN` / :data:`SIGNED`)
-    and the query parameters it takes (any other one is a 400, so a typo such as
-    ``?limt=5`` is not silently ignored)."""
+    """Mark a handler with the scope it needs (or :data:`OPEN` / :data:`SIGNED`;
+    a handler without a mark is refused to every key) and the query parameters
+    it takes (any other one is a 400, so a typo such as ``?limt=5`` is not
+    silently ignored)."""
 
     def mark(fn: Callable) -> Callable:
         fn.scope = scope  # type: ignore[attr-defined]
@@ -333,7 +334,10 @@ def auth_middleware(keys: KeyStore):
         principal = keys.verify(key)
         if principal is None:
             raise api_error(401, "unauthorized", "invalid API key", headers=_CHALLENGE)
-        if scope is not None and scope not in principal.scopes:
+        if scope is None:  # a handler without @requires: closed to every key, never open by mistake
+            log.error("%s %s: handler declares no scope (@requires); refused", request.method, request.path)
+            raise api_error(403, "forbidden", "this endpoint declares no scope")
+        if scope not in principal.scopes:
             raise api_error(403, "forbidden", f"this key lacks the scope {scope!r}", scope=scope)
         request[PRINCIPAL] = principal
         _check_query(request, allowed)

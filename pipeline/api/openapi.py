@@ -88,7 +88,9 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                                     {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}]},
             },
             "channels": _nullable({"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(CHANNELS)}}),
-            "params": _nullable({"type": "object"}),
+            "params": _nullable({"type": "object", "description": (
+                f"template variables; nesting at most {settings.max_params_depth} (more: 400 params_too_deep), "
+                f"at most {getattr(settings, 'max_params_bytes', 65536)} bytes as JSON (more: 400 params_too_large)")}),
             "locale": _nullable({"type": "string", "pattern": r"^[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*$"}),
             "priority": _nullable({"type": "string", "enum": list(PRIORITIES)}),
             "send_at": _nullable({"type": "number", "minimum": 0}),

@@ -9,7 +9,9 @@ today's records per state and reason; the latest dead letters.
 ``/v1/status.json`` is open like ``/metrics`` (ops dashboards poll it without a
 key). It carries no message contents: a dead letter is shown as source,
 reason, detail (cut to 300 characters), key and time, never its payload — read
-payloads with ``notify dlq ls`` or straight from the stream.
+payloads with ``notify dlq ls`` or straight from the stream. Recipients that a
+detail or a key quotes (a phone number sent as a time zone …) are masked
+(:mod:`pipeline.redact`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import orjson
 from prometheus_client import REGISTRY
 
 from pipeline import topics as T
+from pipeline.redact import redact
 
 __all__ = ["PAGE", "breaker_states", "latest_dead_letters", "status_document"]
 
@@ -66,12 +69,14 @@ async def latest_dead_letters(client: Any, keys: Any, partitions: int, n: int = 
             except (TypeError, ValueError):
                 at = 0.0
             detail = _s(dl.get("detail"))
+            key = _s(dl.get("key")) or _s(fields.get(b"k"))
             rows.append({
                 "at": at,
                 "source": _s(dl.get("source")) or "?",
                 "reason": _s(dl.get("reason")) or "?",
-                "detail": detail[:300] if detail else None,
-                "key": _s(dl.get("key")) or _s(fields.get(b"k")),
+                # a detail may quote the bad value (a phone number given as a time zone …)
+                "detail": redact(detail[:300]) if detail else None,
+                "key": redact(key[:256]) if key else key,
                 "partition": p,
                 "offset": int(_s(eid).split("-", 1)[0]),
             })

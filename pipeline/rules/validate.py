@@ -1,5 +1,6 @@
 """Input validation: raw producer bytes → :class:`Event`, a preferences update →
-:class:`Preferences`, or :class:`InvalidEvent` with a short machine reason.
+:class:`Preferences`, a device update → :class:`DeviceUpdate`, a receipt →
+:class:`Receipt`, or :class:`InvalidEvent` with a short machine reason.
 
 Rule: reject early with the first problem found, never raise anything else, never
 trust sizes or nesting. Unknown extra fields are ignored (producers may add metadata);
@@ -8,8 +9,8 @@ they become trimmed strings, deduplicated in order.
 
 Reasons: bad_json, not_an_object, missing_field, wrong_type, bad_value, oversized,
 unknown_version, unknown_category, unknown_template, unknown_channel, bad_priority,
-no_recipients, too_many_recipients, params_too_deep; for preferences also
-bad_timezone and bad_quiet_hours.
+no_recipients, too_many_recipients, params_too_deep, params_too_large; for
+preferences also bad_timezone and bad_quiet_hours.
 """
 
 from __future__ import annotations
@@ -22,16 +23,21 @@ from urllib.parse import urlsplit
 import orjson
 
 from config.settings import CHANNELS, PRIORITIES
-from pipeline.models import SCHEMA_VERSION, Event, Preferences
+from pipeline.models import SCHEMA_VERSION, DeviceUpdate, Event, Preferences, Receipt
 
 from .quiet_hours import load_zone, parse_quiet_hours
 
-__all__ = ["InvalidEvent", "MAX_BIZ_KEY", "MAX_ID", "parse_event", "parse_preferences", "params_depth"]
+__all__ = ["InvalidEvent", "MAX_BIZ_KEY", "MAX_ID", "MAX_PROVIDER_MSG_ID", "TOKEN_RE", "parse_event",
+           "parse_preferences", "parse_device_update", "parse_receipt", "params_depth", "address_ok"]
 
 #: seed 000: ``biz_key VARCHAR(64)``
 MAX_BIZ_KEY = 64
 #: longest user id / recipient we accept
 MAX_ID = 128
+#: longest provider message id a receipt may carry
+MAX_PROVIDER_MSG_ID = 256
+#: a push device token (APNs hex, FCM base64url with ':' and '-')
+TOKEN_RE = re.compile(r"^[A-Za-z0-9:_.\-]{1,512}$")
 
 _LOCALE_RE = re.compile(r"^[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*$")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -196,6 +202,11 @@ def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, render
         raise InvalidEvent("wrong_type", "params", "an object")
     if params_depth(params, settings.max_params_depth) > settings.max_params_depth:
         raise InvalidEvent("params_too_deep", "params", f"nesting > {settings.max_params_depth}")
+    max_params = getattr(settings, "max_params_bytes", None)
+    if max_params is not None and params:
+        params_size = len(orjson.dumps(params))
+        if params_size > max_params:
+            raise InvalidEvent("params_too_large", "params", f"{params_size} bytes > {max_params} as JSON")
 
     channels = data.get("channels")
     if channels is not None:
@@ -345,3 +356,105 @@ def _webhook(value: Any) -> Optional[str]:
     if not ok:
         raise InvalidEvent("bad_value", "webhook_url", "an http(s) URL")
     return s
+
+
+# --------------------------------------------------------------------------- devices, receipts
+
+
+def _finite(data: Mapping[str, Any], field: str, default: float) -> float:
+    value = data.get(field)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise InvalidEvent("wrong_type", field, "a finite number")
+    if value < 0:
+        raise InvalidEvent("bad_value", field, "≥ 0")
+    return float(value)
+
+
+def _choice(data: Mapping[str, Any], field: str, choices: tuple[str, ...], default: Optional[str] = None) -> str:
+    value = data.get(field)
+    if value is None:
+        if default is None:
+            raise InvalidEvent("missing_field", field)
+        return default
+    if not isinstance(value, str):
+        raise InvalidEvent("wrong_type", field, "a string")
+    if value not in choices:
+        raise InvalidEvent("bad_value", field, " or ".join(choices))
+    return value
+
+
+def parse_device_update(raw: Mapping[str, Any]) -> DeviceUpdate:
+    """Validate an add/remove of one push token (``notify.devices``). Raises
+    :class:`InvalidEvent`."""
+    if not isinstance(raw, Mapping):
+        raise InvalidEvent("not_an_object", None, type(raw).__name__)
+    v = _check_version(raw)
+    for field in ("user_id", "token"):
+        if raw.get(field) is None:
+            raise InvalidEvent("missing_field", field)
+    user_id = _id(raw["user_id"], "user_id")
+    token = raw["token"]
+    if not isinstance(token, str):
+        raise InvalidEvent("wrong_type", "token", "a string")
+    if not TOKEN_RE.match(token):
+        raise InvalidEvent("bad_value", "token", "1..512 of A-Z a-z 0-9 : _ . -")
+    return DeviceUpdate(
+        user_id=user_id,
+        token=token,
+        platform=_choice(raw, "platform", ("apns", "fcm"), "apns"),
+        op=_choice(raw, "op", ("add", "remove"), "add"),
+        at=_finite(raw, "at", 0.0),
+        v=v,
+    )
+
+
+def parse_receipt(raw: Mapping[str, Any]) -> Receipt:
+    """Validate a delivery receipt (``notify.receipts``; the API writes them after
+    checking the provider's signature). Raises :class:`InvalidEvent`."""
+    if not isinstance(raw, Mapping):
+        raise InvalidEvent("not_an_object", None, type(raw).__name__)
+    v = _check_version(raw)
+    for field in ("provider", "provider_msg_id", "status"):
+        if raw.get(field) is None:
+            raise InvalidEvent("missing_field", field)
+    provider = raw["provider"]
+    if not isinstance(provider, str):
+        raise InvalidEvent("wrong_type", "provider", "a string")
+    if not _NAME_RE.match(provider):
+        raise InvalidEvent("bad_value", "provider", "a provider name (a-z, 0-9, _)")
+    msg_id = _str_field(raw, "provider_msg_id", MAX_PROVIDER_MSG_ID)
+    status = _choice(raw, "status", ("DELIVERED", "UNDELIVERED"))
+    error = raw.get("error")
+    if error is not None:
+        if not isinstance(error, str):
+            raise InvalidEvent("wrong_type", "error", "a string")
+        if len(error) > 1000:
+            raise InvalidEvent("bad_value", "error", "at most 1000 characters")
+    return Receipt(provider=provider, provider_msg_id=msg_id, status=status, at=_finite(raw, "at", 0.0),
+                   error=error, v=v)
+
+
+def address_ok(channel: str, address: str) -> bool:
+    """Whether ``address`` has the form of an address on ``channel`` (a phone
+    number, an e-mail address, ``apns:``/``fcm:`` + token, an http(s) URL; the
+    inbox needs none). Nothing with a line break or a control character passes, so
+    no address can inject a header or a protocol line."""
+    if not isinstance(address, str):
+        return False
+    if channel == "sms":
+        return bool(_PHONE_RE.match(address))
+    if channel == "email":
+        return len(address) <= 254 and bool(_EMAIL_RE.match(address))
+    if channel == "push":
+        platform, _, token = address.partition(":")
+        return platform in ("apns", "fcm") and bool(TOKEN_RE.match(token))
+    if channel == "webhook":
+        if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in address):
+            return False
+        try:
+            return _webhook(address) is not None
+        except InvalidEvent:
+            return False
+    return True
