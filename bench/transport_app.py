@@ -12,14 +12,11 @@ BROKER = os.environ["BROKER"]
 app = faust.App(f"bench-{MODE}", broker=BROKER, store="memory://", topic_partitions=4, web_enabled=False,
                 datadir=os.environ.get("DATADIR", "/tmp/bench-transport"))
 topic = app.topic("bench", key_type=str, value_type=bytes, value_serializer="raw", partitions=4)
-if os.environ.get("GCT"):
-    import gc
-
-    gc.set_threshold(int(os.environ["GCT"]), 50, 1000)
-if os.environ.get("LEAN", "1") == "1":
-    from pipeline.sensors import lean_sensors
+if os.environ.get("LEAN", "1") == "1":  # as the notify worker: pipeline/lean.py
+    from pipeline.lean import lean_sensors, tune_gc
 
     lean_sensors(app)
+    tune_gc()
 table = app.Table("bench-counts", default=int, partitions=4)
 state = {"n": 0, "first": 0.0}
 

@@ -15,6 +15,7 @@ from config.settings import load_settings
 from . import redact
 from . import topics as T
 from .entries import checked_topic
+from .lean import lean_sensors
 from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Preferences, Priority, Receipt, Timer
 from .templates import Renderer
 
@@ -49,6 +50,7 @@ app = faust.App(
     producer_max_batch_size=16384,
     topic_disable_leader=True,
 )
+lean_sensors(app)  # Faust's Monitor off the per-event path (pipeline/lean.py)
 
 events_topic = app.topic(T.EVENTS, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")
 dlq_topic = app.topic(T.DLQ, key_type=str, value_type=DeadLetter)

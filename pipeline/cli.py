@@ -137,7 +137,9 @@ def cmd_worker(args) -> int:
     import faust
 
     import agents
+    from pipeline.lean import tune_gc
 
+    tune_gc()
     worker = faust.Worker(agents.app, loglevel=args.loglevel, quiet=True)
     worker.execute_from_commandline()
     return 0

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Optional
 
 from faust.transport import producer as base
@@ -113,11 +112,20 @@ class Producer(base.Producer):
         return self._enqueue(topic, partition, key, value, timestamp, headers)
 
     def _enqueue(
-        self, topic: str, partition: int, key: Optional[bytes], value: Optional[bytes], timestamp: Any, headers: Any
+        self,
+        topic: str,
+        partition: int,
+        key: Optional[bytes],
+        value: Optional[bytes],
+        timestamp: Any,
+        headers: Any,
+        fut: Optional[asyncio.Future] = None,
+        soon: Any = None,
     ) -> "asyncio.Future[RecordMetadata]":
-        fut = asyncio.get_running_loop().create_future()
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
         self._pending.append(
-            (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers), fut)
+            (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers), fut, soon)
         )
         self._enqueued += 1
         self._wakeup.set()
@@ -125,8 +133,8 @@ class Producer(base.Producer):
 
     def send_soon(self, fut: FutureMessage) -> None:
         """Table changelog writes (and any ``Topic.send_soon``) go straight into the
-        next batch, in order with ``send``. Faust's buffer would publish them one
-        task step and one ``wait_for`` each."""
+        next batch, in order with ``send``, and are resolved when it is written.
+        Faust's buffer would publish them one task step and one ``wait_for`` each."""
         msg = fut.message
         chan = msg.channel
         topic = chan.get_topic_name() if isinstance(chan, TopicT) else None
@@ -142,22 +150,26 @@ class Producer(base.Producer):
         state = self.app.sensors.on_send_initiated(
             self, topic, message=msg, keysize=len(key) if key else 0, valsize=len(value) if value else 0
         )
-        written = self._enqueue(topic, partition, key, value, msg.timestamp, msg.headers)
-        written.add_done_callback(partial(self._sent_soon, fut, state))
+        self._enqueue(topic, partition, key, value, msg.timestamp, msg.headers, fut, (state,))
 
-    def _sent_soon(self, fut: FutureMessage, state: Any, written: "asyncio.Future[RecordMetadata]") -> None:
-        sensors = self.app.sensors
-        exc = asyncio.CancelledError() if written.cancelled() else written.exception()
-        if exc is not None:
-            fut.set_exception(exc)
-            sensors.on_send_error(self, exc, state)
-            log.warning("send to %s failed: %s", fut.message.channel, exc)
+    def _resolve(self, item: tuple, md: RecordMetadata) -> None:
+        fut, soon = item[6], item[7]
+        if fut.done():
             return
-        res = written.result()
-        fut.set_result(res)
-        if fut.message.callback:
-            fut.message.callback(fut)
-        sensors.on_send_completed(self, state, res)
+        fut.set_result(md)
+        if soon is not None:  # a FutureMessage: what Faust does once it is sent
+            if fut.message.callback:
+                fut.message.callback(fut)
+            self.app.sensors.on_send_completed(self, soon[0], md)
+
+    def _fail(self, item: tuple, exc: BaseException) -> None:
+        fut, soon = item[6], item[7]
+        if fut.done():
+            return
+        fut.set_exception(exc)
+        if soon is not None:
+            self.app.sensors.on_send_error(self, exc, soon[0])
+            log.warning("send to %s failed: %s", fut.message.channel, exc)
 
     async def _wait_written(self, target: int) -> None:
         if self._written < target:
@@ -225,11 +237,10 @@ class Producer(base.Producer):
             if token is None:
                 exc = ProducerFenced(f"not the owner of changelog {topic}[{partition}]")
                 for item in items:
-                    if not item[6].done():
-                        item[6].set_exception(exc)
+                    self._fail(item, exc)
                 continue
             args: list[Any] = [token, len(items)]
-            for _t, _p, key, value, ts, headers, _f in items:
+            for _t, _p, key, value, ts, headers, _f, _s in items:
                 flags = (key is not None) | ((value is not None) << 1)
                 args += [repr(ts), flags, key or b"", value or b"", len(headers)]
                 for name, hv in headers:
@@ -255,22 +266,18 @@ class Producer(base.Producer):
                 exc = ProducerFenced(f"changelog {topic}[{partition}] is fenced: {res}")
                 transport.on_fenced(topic, partition)
                 for item in items:
-                    if not item[6].done():
-                        item[6].set_exception(exc)
+                    self._fail(item, exc)
             elif isinstance(res, BaseException):
                 if isinstance(res, TRANSIENT_ERRORS):
                     retry[(topic, partition)] = items
                     continue
                 for item in items:
-                    if not item[6].done():
-                        item[6].set_exception(res)
+                    self._fail(item, res)
             else:
                 base_offset = int(res)
                 tp = TP(topic, partition)
                 for i, item in enumerate(items):
-                    fut = item[6]
-                    if not fut.done():
-                        fut.set_result(RecordMetadata(topic, partition, tp, base_offset + i, item[4], 0))
+                    self._resolve(item, RecordMetadata(topic, partition, tp, base_offset + i, item[4], 0))
         if reload:
             await client.script_load(PRODUCE)
         return retry
