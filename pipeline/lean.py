@@ -31,6 +31,22 @@ class LeanSensors(SensorDelegate):
             return
         super().add(sensor)
 
+    # rebalances are rare: the monitor still sees them (and Faust finds its state)
+    def on_rebalance_start(self, app: Any) -> dict:
+        state = super().on_rebalance_start(app)
+        state[app.monitor] = app.monitor.on_rebalance_start(app)
+        return state
+
+    def on_rebalance_return(self, app: Any, state: dict) -> None:
+        super().on_rebalance_return(app, state)
+        if app.monitor in state:
+            app.monitor.on_rebalance_return(app, state[app.monitor])
+
+    def on_rebalance_end(self, app: Any, state: dict) -> None:
+        super().on_rebalance_end(app, state)
+        if app.monitor in state:
+            app.monitor.on_rebalance_end(app, state[app.monitor])
+
 
 def lean_sensors(app: Any) -> Any:
     """Call before the worker starts (the consumer binds the delegate's methods)."""

@@ -93,6 +93,7 @@ class Consumer(FastDrain, base.Consumer):
         self._fence_script: Any = None
         self._key_slot: dict[str, int] = {}
         self._reads: dict[int, _Read] = {}
+        self._batch_stamp: tuple[int, int] = (-1, -1)
         self._ahead: Optional[tuple] = None  # (task, {tp: position}, (epoch, generation))
         self._replaced: set[Any] = set()
         opts = transport.options
@@ -390,7 +391,13 @@ class Consumer(FastDrain, base.Consumer):
                 hw[tp] = nxt
         if out and not self.transport.is_cluster:
             self._read_ahead(client, tps)
+        self._batch_stamp = (epoch, generation)
         return out
+
+    def batch_is_current(self) -> bool:
+        """False once a seek or rebalance happened after the last batch was fetched:
+        the rest of it must not be delivered (it is read again from the new position)."""
+        return self._batch_stamp == (self._epoch, self._generation)
 
     def _read_ahead(self, client: Any, tps: list) -> None:
         """Ask for the next batch now (no BLOCK), while this one is delivered: the

@@ -102,7 +102,7 @@ class SlotLeases:
             r = await renew(keys=[k.lease(g, slot), k.group_fence(g)], args=[token, slot, self.lease_ms])
             if int(r) == 0:
                 log.warning("lost the lease of slot %d (token %s)", slot, token)
-                del self.owned[slot]
+                self.owned.pop(slot, None)  # on_fenced may have dropped it meanwhile
                 lost.add(slot)
         if len(self.owned) < self.max_slots:
             acquire = self._script(client, ACQUIRE)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import orjson
+import redis
 
 from tests.transport.helpers import ROOT, produce_async, wait_until
 
@@ -17,8 +18,10 @@ PARTITIONS = 4
 
 
 class Pipeline:
-    def __init__(self, redis_url: str, tmp: Path, config: str = "receipt_poll_s = 0\n", **env: Any) -> None:
+    def __init__(self, redis_url: str, tmp: Path, config: str = "receipt_poll_s = 0\n",
+                 partitions: int = PARTITIONS, **env: Any) -> None:
         self.url = redis_url
+        self.partitions = partitions
         self.tmp = Path(tmp)
         self.db = self.tmp / "records.db"
         (self.tmp / "notify.toml").write_text(config)
@@ -27,7 +30,7 @@ class Pipeline:
             "NOTIFY_BROKER": redis_url,
             "NOTIFY_DATA_DIR": str(self.tmp / "data"),
             "NOTIFY_DB": str(self.db),
-            "NOTIFY_PARTITIONS": str(PARTITIONS),
+            "NOTIFY_PARTITIONS": str(partitions),
             "NOTIFY_LEASE": "3",
             "PYTHONPATH": str(ROOT),
             **{k: str(v) for k, v in env.items()},
@@ -61,7 +64,7 @@ class Pipeline:
     # -- feeding ------------------------------------------------------------
 
     def send(self, topic: str, items: Iterable[tuple[Optional[bytes], bytes]], **kw: Any) -> None:
-        asyncio.run(produce_async(self.url, topic, list(items), partitions=PARTITIONS, **kw))
+        asyncio.run(produce_async(self.url, topic, list(items), partitions=self.partitions, **kw))
 
     def events(self, events: Iterable[dict | bytes]) -> None:
         items = []
@@ -81,6 +84,21 @@ class Pipeline:
         self.send("notify.devices", [(u["user_id"].encode(), orjson.dumps(u)) for u in updates])
 
     # -- reading ------------------------------------------------------------
+
+    def committed(self, topic: str) -> int:
+        """Entries of ``topic`` committed by the group, over all partitions."""
+        r = redis.Redis.from_url(self.url)
+        try:
+            offsets = r.hgetall("nfs:{g|notify}:offsets")
+        finally:
+            r.close()
+        prefix = topic.encode() + b"|"
+        return sum(int(v) for k, v in offsets.items() if k.startswith(prefix) and not k.endswith(b"@"))
+
+    def wait_committed(self, counts: dict[str, int], timeout: float = 60) -> None:
+        """Until every topic in ``counts`` has that many entries committed (applied)."""
+        wait_until(lambda: all(self.committed(t) >= n for t, n in counts.items()), timeout, 0.2,
+                   f"committed {counts}")
 
     def rows(self) -> dict[tuple[str, str, str], dict]:
         if not self.db.exists():

@@ -149,9 +149,13 @@ def test_records_equal_the_model_through_a_kill_and_a_replay(redis_url, redis_sy
     try:
         hour = time.gmtime(now).tm_hour
         pipe.preferences([prefs_of(u, hour) for u in users.values()])
-        pipe.devices([{"user_id": u.id, "token": u.device.split(":")[1], "platform": "apns", "op": "add"}
-                      for u in users.values() if u.device])
+        devs = [{"user_id": u.id, "token": u.device.split(":")[1], "platform": "apns", "op": "add"}
+                for u in users.values() if u.device]
+        pipe.devices(devs)
         first = pipe.start("w1")
+        # the model applies every preference before any event: so must the run (the
+        # pipeline orders a user's entries within a topic, not across topics)
+        pipe.wait_committed({"notify.preferences": len(users), "notify.devices": len(devs)})
         half = len(events) // 2
         pipe.events([wire(e) for e in events[:half]])
         pipe.wait_rows(lambda r: len(r) >= len(model.expected) // 4, 120, "a quarter of the records")
