@@ -3,7 +3,7 @@
 import time
 from typing import Iterable, Optional
 
-from pipeline import metrics
+from pipeline import clock, metrics
 from pipeline.app import dlq_topic, lane_topics, outcomes_topic, timers_topic
 from pipeline.models import DeadLetter, Delivery, Outcome, Timer
 
@@ -21,7 +21,7 @@ async def timer(user_id: str, t: Timer) -> None:
 async def retry(d: Delivery) -> None:
     """Schedule ``d`` on the timer topic for ``d.due_at``."""
     await timer(d.user_id, Timer(timer_id=f"{d.delivery_id}:{d.attempt}:{d.reconcile_round}",
-                                 due_at=d.due_at or time.time(), kind="delivery", payload=d.asdict()))
+                                 due_at=d.due_at or clock.now(), kind="delivery", payload=d.asdict()))
 
 
 async def deliver(d: Delivery) -> None:

@@ -9,8 +9,8 @@ daily limit. Re-sent deliveries are made idempotent by the lanes' inflight table
 
 import logging
 import os
-import time
 
+from pipeline import clock
 from pipeline.app import app, intents_topics, renderer, settings
 from pipeline.rules.plan import plan_intent
 from tables import daily, dedup, devices, inflight, preferences
@@ -24,7 +24,7 @@ async def guard(stream):
     async for event in stream.events():
         intent = event.value
         offset = event.message.offset
-        now = time.time()
+        now = clock.now()
         replayed = False
 
         def seen(key: str):
@@ -79,7 +79,7 @@ async def purge_expired() -> None:
     from pipeline.topics import INTENT_TOPICS
     from tables import delete
 
-    now = time.time()
+    now = clock.now()
     purged = 0
     longest = max(c.dedup_window_s for c in settings.categories.values())
     partition_of = app.transport.partition_for

@@ -8,20 +8,24 @@ outcomes, retries (on the timer topic) and dead letters via pipeline/rules/attem
 """
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from pipeline import metrics, runtime
+from pipeline import clock, metrics, runtime
 from pipeline.app import app, devices_topic, lane_topics, settings
 from pipeline.models import Attempt, Delivery, DeviceUpdate, State, Timer
 from pipeline.rules.attempts import after_query, after_send
 from pipeline.rules.channels import is_unsubscribed
 from pipeline.rules.plan import outcome
-from pipeline.store import InboxItem
+from pipeline.store import InboxItem, StoreUnavailable
+from pipeline.transport import ProducerFenced
 from tables import inflight, preferences, put
 
 from . import emit
+
+log = logging.getLogger(__name__)
 
 DONE = {State.ACCEPTED, State.FAILED, State.REVIEW, State.FILTERED, State.DELIVERED}
 
@@ -44,7 +48,7 @@ def _inbox_item(d: Delivery, now: float) -> InboxItem:
 
 
 async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
-    now = time.time()
+    now = clock.now()
     out = Step(attempts_made=d.attempt)
     if is_unsubscribed(preferences.get(d.user_id), d.category, d.channel):
         out.state = State.FILTERED
@@ -98,6 +102,22 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
     return out
 
 
+async def _add_inbox(items: list) -> None:
+    """Write inbox rows. A store that is unavailable (disk full, file read-only) is
+    retried with backoff, as the record sink does: the lane waits, nothing is dropped
+    (an exception here would stop the lane's agent for good)."""
+    delay = 0.1
+    while True:
+        try:
+            store = await runtime.store()
+            await store.add_inbox(items)
+            return
+        except StoreUnavailable as exc:
+            log.warning("inbox store unavailable (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 def make_lane(channel: str, priority: str):
     topic = lane_topics[(channel, priority)]
     batch_size = settings.channels[channel].lane_batch_size
@@ -106,6 +126,7 @@ def make_lane(channel: str, priority: str):
         async for events in stream.take_events(batch_size, within=0.002):
             disp = await runtime.dispatcher()
             todo: dict[str, tuple] = {}
+            marks = []
             for ev in events:
                 d: Delivery = ev.value
                 st = inflight.get(d.delivery_id)
@@ -115,15 +136,29 @@ def make_lane(channel: str, priority: str):
                     continue
                 fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt)
                 todo[d.delivery_id] = (ev.message.partition, d, fate_unknown)
-                put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})
+                marks.append((d.delivery_id,
+                              put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})))
             if not todo:
                 continue
             await app.producer.flush()  # the "calling" marks are durable before any call
+            fenced = 0
+            for did, mark in marks:
+                try:
+                    await mark
+                except ProducerFenced:
+                    # refused: this worker lost the partition (paused past its lease, a
+                    # zombie); its new owner reads these deliveries again, so no call here
+                    todo.pop(did, None)
+                    fenced += 1
+            if fenced:
+                log.warning("lane %s.%s: %d deliveries fenced (partition lost), left to their new owner",
+                            channel, priority, fenced)
+            if not todo:
+                continue
             steps = await asyncio.gather(*(step(d, disp, unknown) for _p, d, unknown in todo.values()))
             inbox = [s.inbox for s in steps if s.inbox]
             if inbox:
-                store = await runtime.store()
-                await store.add_inbox(inbox)
+                await _add_inbox(inbox)
             for (partition, d, _u), s in zip(todo.values(), steps):
                 if s.inbox:
                     s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
@@ -134,7 +169,7 @@ def make_lane(channel: str, priority: str):
                     await emit.retry(s.retry)
                 if s.poll:
                     await emit.timer(d.user_id, Timer(
-                        timer_id=f"{d.delivery_id}:poll", due_at=time.time() + settings.receipt_poll_s, kind="poll",
+                        timer_id=f"{d.delivery_id}:poll", due_at=clock.now() + settings.receipt_poll_s, kind="poll",
                         payload={"user_id": d.user_id, "delivery": d.asdict(), "provider": s.poll}))
                 if s.dead_letter:
                     await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
@@ -144,7 +179,7 @@ def make_lane(channel: str, priority: str):
                 # last, so it is written after the outcomes above: a crash in between
                 # leaves "calling", and the replay reconciles instead of skipping
                 put(inflight, partition, d.delivery_id,
-                    {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": time.time()})
+                    {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now()})
 
     lane.__name__ = f"lane_{channel}_{priority}"
     return app.agent(topic, name=f"lane.{channel}.{priority}")(lane)

@@ -5,7 +5,7 @@ record is written is retried a few times through the timer topic."""
 
 import time
 
-from pipeline import runtime
+from pipeline import clock, runtime
 from pipeline.app import app, receipts_topic
 from pipeline.models import Outcome, Receipt, State, Timer
 
@@ -26,7 +26,7 @@ async def match(r: Receipt, tries: int) -> None:
     if not rows:
         if tries < MAX_TRIES:
             await emit.timer(r.provider_msg_id, Timer(
-                timer_id=f"receipt:{r.provider}:{r.provider_msg_id}:{tries}", due_at=time.time() + 2 ** tries,
+                timer_id=f"receipt:{r.provider}:{r.provider_msg_id}:{tries}", due_at=clock.now() + 2 ** tries,
                 kind="receipt", payload={"receipt": r.asdict(), "tries": tries + 1, "user_id": r.provider_msg_id}))
         else:
             await emit.dead_letter("receipts", "unmatched_receipt", r.dumps(), key=r.provider_msg_id)

@@ -12,7 +12,7 @@ happens inside the agent, in partition order.
 import heapq
 import time
 
-from pipeline import metrics
+from pipeline import clock, metrics
 from pipeline.app import app, intents_topics, timers_topic
 from pipeline.models import Delivery, Intent, Receipt, State, Timer
 from tables import timers
@@ -63,7 +63,7 @@ async def fire_due() -> None:
         heapq.heapify(_heap)
         _fired.clear()
     metrics.scheduled.set(len(_heap))
-    now = time.time()
+    now = clock.now()
     while _heap and _heap[0][0] <= now:
         _due, tid, user = heapq.heappop(_heap)
         if tid in _fired:

@@ -26,10 +26,10 @@ async def records(stream):
         rows = [o for o in batch if o.reason != DUPLICATE]
         if not rows:
             continue
-        store = await runtime.store()
         delay = 0.1
         while True:
             try:
+                store = await runtime.store()  # (opening it may fail the same way)
                 await store.apply_outcomes(rows)
                 break
             except StoreUnavailable as exc:

@@ -3,7 +3,11 @@ and the provider dispatcher.
 
 ``NOTIFY_PROVIDERS``: ``fake`` (default; in-process fakes, see adapters/fake.py)
 or ``simulators`` (the protocol-level simulators, started in this process, with
-the real adapters pointed at them).
+the real adapters pointed at them). With ``simulators`` and
+``NOTIFY_SIMULATORS=<file>`` (the JSON ``python -m adapters.simulators --info``
+writes), the adapters point at simulators already running in another process
+instead, so a provider's state and call ledger outlive this worker (the fault
+suite kills workers); ``NOTIFY_PROVIDER_TIMEOUT`` (s, default 5) is their timeout.
 """
 
 import asyncio
@@ -67,7 +71,16 @@ async def dispatcher() -> Dispatcher:
                 from . import metrics
 
                 kind = os.environ.get("NOTIFY_PROVIDERS", "fake")
-                if kind == "simulators":
+                if kind == "simulators" and os.environ.get("NOTIFY_SIMULATORS"):
+                    import orjson
+
+                    from adapters.simulators import build_providers_from_info
+
+                    with open(os.environ["NOTIFY_SIMULATORS"], "rb") as fh:
+                        info = orjson.loads(fh.read())
+                    timeout = float(os.environ.get("NOTIFY_PROVIDER_TIMEOUT", "5"))
+                    providers, routes = build_providers_from_info(info, timeout), ROUTES_SIM
+                elif kind == "simulators":
                     from adapters.simulators import start_all
 
                     simulators = await start_all(

@@ -36,11 +36,13 @@ inflight = app.Table("inflight", default=None, partitions=_P)
 __all__ += ["inflight", "put", "delete"]
 
 
-def put(table, partition: int, key, value) -> None:
+def put(table, partition: int, key, value):
     """Set ``table[key]`` for an event of ``partition`` when no single current event
-    applies (batched agents): the changelog entry goes to the user's partition."""
+    applies (batched agents): the changelog entry goes to the user's partition.
+    Returns the changelog write's future (it fails with ``ProducerFenced`` when this
+    worker no longer owns the partition)."""
     table.data[key] = value
-    table.send_changelog(partition, key, value)
+    return table.send_changelog(partition, key, value)
 
 
 def delete(table, partition: int, key) -> None:

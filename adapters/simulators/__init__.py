@@ -27,12 +27,17 @@ Use::
     await sims.stop()
 
 ``python -m adapters.simulators`` runs them standalone and prints the URLs and
-generated credentials as JSON.
+generated credentials as JSON; a worker started with ``NOTIFY_PROVIDERS=simulators``
+and ``NOTIFY_SIMULATORS=<that JSON in a file>`` uses those running simulators
+(:func:`build_providers_from_info`) instead of starting its own, so their state and
+ledger outlive the worker (fault drills kill workers). ``ledger_path`` (``--ledger``)
+appends every provider call of every simulator to one JSON-lines file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import secrets
 from dataclasses import dataclass, field
@@ -55,7 +60,7 @@ from .twilio_sim import IDEMPOTENCY_HEADER, RECONCILE_PARAM, TwilioSim
 from .vendor_sim import VendorSim
 from .webhook_sim import WebhookSim
 
-__all__ = ["Simulators", "SimProfile", "start_all"]
+__all__ = ["Simulators", "SimProfile", "start_all", "build_providers_from_info", "read_ledger"]
 
 
 def _receipt_url(base: Optional[str], provider: str) -> Optional[str]:
@@ -76,6 +81,7 @@ class Simulators:
     webhook: WebhookSim
     receipts_url: Optional[str] = None
     _started: list[Any] = field(default_factory=list, repr=False)
+    _ledger_fd: Optional[int] = field(default=None, repr=False)
 
     @property
     def all(self) -> dict[str, Any]:
@@ -192,6 +198,11 @@ class Simulators:
             with contextlib.suppress(Exception):
                 await sim.stop()
         self._started.clear()
+        if self._ledger_fd is not None:
+            for sim in self.all.values():
+                sim.core.attach_ledger_file(None)
+            os.close(self._ledger_fd)
+            self._ledger_fd = None
 
 
 async def start_all(
@@ -203,13 +214,16 @@ async def start_all(
     smtp_auth: bool = False,
     twilio_auth_token: Optional[str] = None,
     vendor_secret: Optional[str] = None,
+    ledger_path: Optional[str] = None,
 ) -> Simulators:
     """Start every simulator on ``host`` (ephemeral ports). ``receipts_url``:
     where SMS receipts go, as ``<receipts_url>/<provider>`` (or a template with
     ``{provider}``); ``profile``: random behaviour (default: realistic, mostly
     successful); ``smtp_tls``/``smtp_auth``: require STARTTLS / AUTH;
     ``twilio_auth_token``/``vendor_secret``: the secrets receipts are signed with
-    (default: random), shared with the receipts endpoint of the API."""
+    (default: random), shared with the receipts endpoint of the API;
+    ``ledger_path``: also append every ledger row of every simulator to this file
+    (JSON lines, see :func:`read_ledger`)."""
     profile = profile or SimProfile.realistic()
     sims = Simulators(
         apns=ApnsSim(profile, host=host),
@@ -231,6 +245,10 @@ async def start_all(
     # separate SimCore per simulator but one profile object: give each its own rng
     for i, sim in enumerate(sims.all.values()):
         sim.core.rng = random.Random(None if profile.seed is None else profile.seed + i)
+    if ledger_path:
+        sims._ledger_fd = os.open(ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        for sim in sims.all.values():
+            sim.core.attach_ledger_file(sims._ledger_fd)
     try:
         for sim in sims.all.values():
             await sim.start()
@@ -239,3 +257,53 @@ async def start_all(
         await sims.stop()
         raise
     return sims
+
+
+def read_ledger(path: str) -> list[dict[str, Any]]:
+    """The rows of a ledger file (``ledger_path``), in the order they were written
+    (a last line cut short by a killed process is skipped)."""
+    import orjson
+
+    rows = []
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                try:
+                    rows.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def build_providers_from_info(info: dict[str, Any], timeout: float = 5.0) -> dict[str, Provider]:
+    """Adapters for simulators running elsewhere (another process), from what
+    :meth:`Simulators.as_dict` printed: the same configs as
+    :meth:`Simulators.provider_configs`, built from plain JSON."""
+    from .tls import client_tls_context
+
+    receipts = info.get("receipts_url")
+    apns, tw, vendor, smtp = info["apns"], info["twilio"], info["smsvendor"], info["smtp"]
+    fcm = FcmConfig.from_service_account(info["fcm"]["service_account"], base_url=info["fcm"]["base_url"], timeout=timeout)
+    return {
+        "apns": ApnsProvider(ApnsConfig(base_url=apns["base_url"], timeout=timeout, team_id=apns["team_id"],
+                                        key_id=apns["key_id"], private_key=apns["private_key"], topic=apns["topic"])),
+        "fcm": FcmProvider(fcm),
+        "twilio": TwilioSmsProvider(TwilioConfig(
+            account_sid=tw["account_sid"], auth_token=tw["auth_token"], from_number=tw["from_number"],
+            base_url=tw["base_url"], status_callback=_receipt_url(receipts, "twilio"),
+            idempotency_header=IDEMPOTENCY_HEADER, reconcile_param=tw.get("reconcile_param", RECONCILE_PARAM),
+            timeout=timeout)),
+        "smsvendor": VendorSmsProvider(VendorSmsConfig(
+            api_key=vendor["api_key"], base_url=vendor["base_url"], sender="NOTIFY",
+            callback_url=_receipt_url(receipts, "smsvendor"), timeout=timeout)),
+        "smtp": SmtpProvider(SmtpConfig(
+            host=smtp["host"], port=smtp["port"], username=smtp.get("username"), password=smtp.get("password"),
+            start_tls=True if smtp.get("starttls") else False,
+            tls_context=client_tls_context(smtp["cert_pem"].encode()) if smtp.get("cert_pem") else None,
+            timeout=timeout, from_addr="notify@example.com", msgid_domain="notify.example.com")),
+        "webhook": WebhookProvider(WebhookConfig(secret=info["webhook"]["secret"], allow=("127.0.0.0/8", "::1"),
+                                                 timeout=timeout)),
+        "inbox": InboxProvider(),
+    }

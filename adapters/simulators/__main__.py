@@ -1,13 +1,16 @@
 """Run every simulator standalone: ``python -m adapters.simulators
-[--receipts-url URL] [--clean] [--seed N] [--smtp-tls] [--smtp-auth]``.
-Prints the URLs and generated credentials as one JSON line, then serves
-until interrupted."""
+[--receipts-url URL] [--clean] [--seed N] [--smtp-tls] [--smtp-auth]
+[--ledger PATH] [--info PATH] [--hang-s S]``.
+Prints the URLs and generated credentials as one JSON line (and writes it to
+``--info``, atomically, for ``NOTIFY_SIMULATORS``), then serves until
+interrupted. ``--ledger`` appends every provider call to a JSON-lines file."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 
@@ -17,9 +20,17 @@ from . import SimProfile, start_all
 
 
 async def _main(args: argparse.Namespace) -> None:
-    profile = SimProfile.clean(seed=args.seed) if args.clean else SimProfile.realistic(seed=args.seed)
-    sims = await start_all(args.receipts_url, profile=profile, smtp_tls=args.smtp_tls, smtp_auth=args.smtp_auth)
-    sys.stdout.write(orjson.dumps(sims.as_dict()).decode() + "\n")
+    extra = {"hang_s": args.hang_s} if args.hang_s is not None else {}
+    profile = SimProfile.clean(seed=args.seed, **extra) if args.clean else SimProfile.realistic(seed=args.seed, **extra)
+    sims = await start_all(args.receipts_url, profile=profile, smtp_tls=args.smtp_tls, smtp_auth=args.smtp_auth,
+                           ledger_path=args.ledger)
+    info = orjson.dumps(sims.as_dict())
+    if args.info:
+        tmp = args.info + ".tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(info)
+        os.replace(tmp, args.info)
+    sys.stdout.write(info.decode() + "\n")
     sys.stdout.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -39,6 +50,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--smtp-tls", action="store_true")
     p.add_argument("--smtp-auth", action="store_true")
+    p.add_argument("--ledger", default=None, help="append every provider call to this JSON-lines file")
+    p.add_argument("--info", default=None, help="also write the JSON line (URLs, credentials) to this file")
+    p.add_argument("--hang-s", type=float, default=None, help="how long a 'hang' keeps a request open")
     asyncio.run(_main(p.parse_args()))
 
 

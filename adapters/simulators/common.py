@@ -19,7 +19,10 @@ Decision order for each provider call:
 
 Every provider call is appended to the ledger (``GET /_sim/ledger[?key=]``)
 with the idempotency key (our delivery id), the decision and whether the
-message was accepted, so fault tests can count calls per delivery.
+message was accepted, so fault tests can count calls per delivery. With a
+ledger file (:meth:`SimCore.attach_ledger_file`, ``python -m adapters.simulators
+--ledger PATH``) every row is also appended to that file as one JSON line, as it
+happens: a fault drill reads it whatever happened to the pipeline's processes.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import re
 import time
@@ -35,6 +39,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Awaitable, Callable, Optional
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 __all__ = ["SimProfile", "Decision", "SimCore", "HttpSim", "text_scenario", "phone_scenario", "token_scenario"]
@@ -175,6 +180,7 @@ class SimCore:
         self.receipts: list[dict[str, Any]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seq = 0
+        self._ledger_fd: Optional[int] = None
 
     # ------------------------------------------------------------ mode
 
@@ -266,6 +272,9 @@ class SimCore:
         self._seq += 1
         row = {"seq": self._seq, "t": time.time(), "sim": self.name, **entry}
         self.ledger.append(row)
+        if self._ledger_fd is not None:
+            # one write(2) per row on an O_APPEND descriptor: whole lines, never interleaved
+            os.write(self._ledger_fd, orjson.dumps(row, default=str) + b"\n")
         if len(self.messages) > self.max_messages:
             self._trim()
         return row
@@ -279,6 +288,11 @@ class SimCore:
                 del self.by_key[key]
         if len(self.attempts) > self.max_messages:
             self.attempts.clear()
+
+    def attach_ledger_file(self, fd: Optional[int]) -> None:
+        """Also append every ledger row, as a JSON line, to ``fd`` (opened O_APPEND;
+        the caller owns it). Unbounded, unlike the in-memory ledger."""
+        self._ledger_fd = fd
 
     def ledger_view(self, key: Optional[str] = None) -> list[dict[str, Any]]:
         if key is None:
