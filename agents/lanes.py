@@ -19,7 +19,7 @@ from pipeline.models import Attempt, Delivery, DeviceUpdate, State, Timer
 from pipeline.rules.attempts import after_query, after_send
 from pipeline.rules.channels import is_unsubscribed
 from pipeline.rules.plan import outcome
-from pipeline.store import InboxItem, StoreUnavailable
+from pipeline.store import InboxItem
 from pipeline.transport import ProducerFenced
 from tables import inflight, preferences, put
 
@@ -103,19 +103,8 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
 
 
 async def _add_inbox(items: list) -> None:
-    """Write inbox rows. A store that is unavailable (disk full, file read-only) is
-    retried with backoff, as the record sink does: the lane waits, nothing is dropped
-    (an exception here would stop the lane's agent for good)."""
-    delay = 0.1
-    while True:
-        try:
-            store = await runtime.store()
-            await store.add_inbox(items)
-            return
-        except StoreUnavailable as exc:
-            log.warning("inbox store unavailable (%s); retrying in %.1fs", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """Write inbox rows; an unavailable store is retried, as the record sink does."""
+    await runtime.with_store(lambda store: store.add_inbox(items), "inbox")
 
 
 def make_lane(channel: str, priority: str):

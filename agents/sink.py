@@ -7,39 +7,24 @@ is lost. Duplicates (FILTERED ``duplicate``) are on the outcome stream for
 analysts but do not touch the record: it keeps the original's state.
 """
 
-import asyncio
-import logging
-
 from pipeline import runtime
 from pipeline.app import app, outcomes_topic
 from pipeline.rules.plan import DUPLICATE
-from pipeline.store import InvalidOutcome, StoreUnavailable
+from pipeline.store import InvalidOutcome
 
 from . import emit
-
-log = logging.getLogger(__name__)
 
 
 @app.agent(outcomes_topic, name="records")
 async def records(stream):
     async for batch in stream.take(2000, within=0.05):
         rows = [o for o in batch if o.reason != DUPLICATE]
-        if not rows:
-            continue
-        delay = 0.1
-        while True:
+        while rows:
             try:
-                store = await runtime.store()  # (opening it may fail the same way)
-                await store.apply_outcomes(rows)
+                await runtime.with_store(lambda store: store.apply_outcomes(rows), "record")
                 break
-            except StoreUnavailable as exc:
-                log.warning("record store unavailable (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
             except InvalidOutcome as exc:
                 bad = {id(o) for o in exc.outcomes}
                 for o in exc.outcomes:
                     await emit.dead_letter("records", "invalid_outcome", o.dumps(), detail=str(exc), key=o.delivery_id)
                 rows = [o for o in rows if id(o) not in bad]
-                if not rows:
-                    break

@@ -11,15 +11,18 @@ suite kills workers); ``NOTIFY_PROVIDER_TIMEOUT`` (s, default 5) is their timeou
 """
 
 import asyncio
+import logging
 import os
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from adapters.dispatch import Dispatcher
 from adapters.fake import FakeProvider
 from adapters.inbox import InboxProvider
 
 from .app import settings
-from .store import RecordStore
+from .store import RecordStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 _store: Optional[RecordStore] = None
 _dispatcher: Optional[Dispatcher] = None
@@ -61,6 +64,20 @@ async def store() -> RecordStore:
                 await s.open()
                 _store = s
     return _store
+
+
+async def with_store(op: Callable[[RecordStore], Awaitable[Any]], what: str) -> Any:
+    """``op(store)``, retried with backoff while the store is unavailable (disk full,
+    file read-only; opening it may fail the same way): the agent waits, nothing is
+    dropped (an exception would stop the agent for good)."""
+    delay = 0.1
+    while True:
+        try:
+            return await op(await store())
+        except StoreUnavailable as exc:
+            log.warning("%s store unavailable (%s); retrying in %.1fs", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 async def dispatcher() -> Dispatcher:
