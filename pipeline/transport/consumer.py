@@ -94,7 +94,6 @@ class Consumer(FastDrain, base.Consumer):
         self._key_slot: dict[str, int] = {}
         self._reads: dict[int, _Read] = {}
         self._batch_stamp: tuple[int, int] = (-1, -1)
-        self._ahead: Optional[tuple] = None  # (task, {tp: position}, (epoch, generation))
         self._replaced: set[Any] = set()
         opts = transport.options
         self.leases = SlotLeases(
@@ -362,12 +361,10 @@ class Consumer(FastDrain, base.Consumer):
             if self.transport.is_cluster:
                 resp = await self._xread_cluster(client, streams, min(timeout, 0.02) if paused else timeout)
             else:
-                resp = await self._take_ahead()
-                if not resp:
-                    block = () if paused else ("BLOCK", max(1, int(timeout * 1000)))
-                    resp = await client.execute_command(
-                        "XREAD", "COUNT", self._max_records, *block, "STREAMS", *streams, *streams.values(),
-                    )
+                block = () if paused else ("BLOCK", max(1, int(timeout * 1000)))
+                resp = await client.execute_command(
+                    "XREAD", "COUNT", self._max_records, *block, "STREAMS", *streams, *streams.values(),
+                )
                 if paused and not resp:
                     await self._wait_resumed(PAUSED_POLL_S)
         except TRANSIENT_ERRORS as exc:
@@ -389,8 +386,6 @@ class Consumer(FastDrain, base.Consumer):
             pos[tp] = nxt
             if hw.get(tp, 0) < nxt:
                 hw[tp] = nxt
-        if out and not self.transport.is_cluster:
-            self._read_ahead(client, tps)
         self._batch_stamp = (epoch, generation)
         return out
 
@@ -398,32 +393,6 @@ class Consumer(FastDrain, base.Consumer):
         """False once a seek or rebalance happened after the last batch was fetched:
         the rest of it must not be delivered (it is read again from the new position)."""
         return self._batch_stamp == (self._epoch, self._generation)
-
-    def _read_ahead(self, client: Any, tps: list) -> None:
-        """Ask for the next batch now (no BLOCK), while this one is delivered: the
-        server's work and the round trip overlap with the streams' instead of
-        leaving the worker idle between batches."""
-        keys = self.transport.keys
-        at = {tp: self._pos.get(tp, 0) for tp in tps}
-        streams = [keys.stream(tp.topic, tp.partition) for tp in tps]
-        task = asyncio.ensure_future(
-            client.execute_command(
-                "XREAD", "COUNT", self._max_records, "STREAMS", *streams, *(after_id(p) for p in at.values())
-            )
-        )
-        task.add_done_callback(_retrieve)
-        self._ahead = (task, at, (self._epoch, self._generation))
-
-    async def _take_ahead(self) -> Any:
-        """The read-ahead's reply, if it was asked from where every partition it
-        covers still is (no seek, no rebalance since); else None."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return None
-        task, at, stamp = ahead
-        if stamp != (self._epoch, self._generation) or any(self._pos.get(tp, 0) != p for tp, p in at.items()):
-            return None
-        return await task
 
     def _slot_groups(self, client: Any, streams: Mapping[str, bytes]) -> dict[int, list[str]]:
         slots: dict[int, list[str]] = {}
