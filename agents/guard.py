@@ -12,6 +12,7 @@ import os
 
 from pipeline import clock
 from pipeline.app import app, intents_topics, renderer, settings
+from pipeline.rules.guard import dedup_expired
 from pipeline.rules.plan import plan_intent
 from tables import daily, dedup, devices, inflight, preferences
 
@@ -51,7 +52,7 @@ async def guard(stream):
             count_today=count,
         )
         for key in plan.dedup_keys:
-            dedup[key] = [now, offset]
+            dedup[key] = [now, offset, intent.category]
         if plan.counter_key and not replayed:
             daily[plan.counter_key] += 1
         if plan.timer:
@@ -71,7 +72,7 @@ DONE_STATES = ("ACCEPTED", "DELIVERED", "FAILED", "REVIEW", "FILTERED")
 
 @app.timer(PURGE_EVERY_S)
 async def purge_expired() -> None:
-    """Drop dedup entries past the longest window, daily counters older than two
+    """Drop dedup entries past their category's window, daily counters older than two
     days and lane inflight marks of deliveries done an hour ago (tombstones on the
     changelog; the compactor then drops their history)."""
     from datetime import date, timedelta
@@ -81,12 +82,12 @@ async def purge_expired() -> None:
 
     now = clock.now()
     purged = 0
-    longest = max(c.dedup_window_s for c in settings.categories.values())
+    windows = {name: c.dedup_window_s for name, c in settings.categories.items()}
     partition_of = app.transport.partition_for
     topic = INTENT_TOPICS[0]  # every user-keyed topic has the same partitions
     owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
-    for key, (seen_at, _offset) in list(dedup.data.items()):
-        if now - seen_at >= longest:
+    for key, entry in list(dedup.data.items()):
+        if dedup_expired(entry, now, windows):
             user = key.split("|", 1)[0]
             p = partition_of(topic, user.encode())
             if p in owned:

@@ -350,6 +350,8 @@ class Result:
     partitions: int
     compact_s: float
     dedup_window_s: float
+    tombstone_s: float = 60.0
+    keep_s: float = 60.0
     fed: int = 0
     unique: int = 0
     repeats: int = 0
@@ -372,6 +374,7 @@ class Result:
     csv: str = ""
     settle_s: float = 0.0
     final_tombstones: dict = field(default_factory=dict)  # table -> entries without a value, after settling
+    final_topics: int = 0  # entries left in the topic streams (not changelogs) after settling
 
 
 def soak_config(tmp: Path, dedup_window_s: float) -> Path:
@@ -404,7 +407,7 @@ def cpu_seconds(pid: int) -> float:
 
 def run(minutes: float, rate: float, *, workers: int = 2, n_users: int = 5000, partitions: int = 8,
         sample_s: float = 5.0, compact_s: float = 30.0, dedup_window_s: float = 60.0, purge_s: float = 15.0,
-        inflight_keep_s: float = 60.0, warmup_frac: float = 0.2, flat_pct: float = 1.0, seed: int = 6,
+        inflight_keep_s: float = 60.0, tombstone_s: float = 60.0, keep_s: float = 60.0, warmup_frac: float = 0.2, flat_pct: float = 1.0, seed: int = 6,
         full_fake_ledger: bool = False, drain_timeout: float = 180.0, settle_s: Optional[float] = None,
         tag: str = "soak",
         log: Callable[[str], None] = print) -> Result:
@@ -421,13 +424,13 @@ def run(minutes: float, rate: float, *, workers: int = 2, n_users: int = 5000, p
     for u in users:
         u.quiet = False  # quiet hours defer for hours: timers that cannot fire within the soak
     res = Result(minutes=minutes, rate=rate, workers=workers, users=n_users, partitions=partitions,
-                 compact_s=compact_s, dedup_window_s=dedup_window_s)
+                 compact_s=compact_s, dedup_window_s=dedup_window_s, tombstone_s=tombstone_s, keep_s=keep_s)
     feed = Feed(users, rng)
     hour = time.gmtime().tm_hour
     with tempfile.TemporaryDirectory(prefix="notify-soak-") as tmpdir:
         tmp = Path(tmpdir)
         server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
-        url = f"{server.url}?compact={compact_s:g}"
+        url = f"{server.url}?compact={compact_s:g}&tombstones={tombstone_s:g}&keep={keep_s:g}"
         env = dict(
             os.environ, NOTIFY_CONFIG=str(soak_config(tmp, dedup_window_s)), NOTIFY_BROKER=url,
             NOTIFY_WORKERS=str(workers), NOTIFY_DATA_DIR=str(tmp / "data"), NOTIFY_DB=str(tmp / "records.db"),
@@ -533,14 +536,16 @@ def run(minutes: float, rate: float, *, workers: int = 2, n_users: int = 5000, p
             res.cpu = {f"worker {i}": cpu_seconds(p.pid) - cpu0[f"worker {i}"] for i, p in enumerate(procs)}
             res.cpu["redis"] = cpu_seconds(server.proc.pid) - cpu0["redis"]
             # what the changelogs settle at once nothing is fed:
-            # every dedup key and inflight mark has expired, been purged (tombstone) and compacted
+            # every dedup key and inflight mark has expired, been purged (a tombstone), the
+            # tombstone has passed its grace and a compaction has dropped it
             res.settle_s = settle_s if settle_s is not None else (
-                max(dedup_window_s, inflight_keep_s) + purge_s + compact_s + 2)
+                max(dedup_window_s, inflight_keep_s) + purge_s + tombstone_s + 2 * compact_s + 2)
             time.sleep(res.settle_s)
             s = sampler.take(time.monotonic() - t_drain + res.feed_s, "drain", feed.sent)
             samples.append(s)
             res.final_changelog = {"total": s.cl_xlen, **{k: v[0] for k, v in s.per_table.items()}}
             res.final_tombstones = tombstones(r, partitions)
+            res.final_topics = s.streams_xlen - s.cl_xlen
             say(f"{tag}: drained={res.drained} in {res.drain_s:.1f}s; changelogs {s.cl_xlen} entries after compaction")
             sampler.close()
 
@@ -620,7 +625,8 @@ def report(res: Result, flat_pct: float) -> str:
         f"{res.fed:,} events fed at {res.rate:g}/s for {res.feed_s / 60:.1f} min ({res.unique:,} business keys,"
         f" {res.repeats:,} repeats of a recent key) over {res.users:,} users; {res.workers} worker processes,"
         f" {res.partitions} partitions, embedded valkey-server (AOF everysec), fake providers.",
-        f"Changelog compaction every {res.compact_s:g} s; dedup windows {res.dedup_window_s:g} s, purge every 15 s,"
+        f"Changelog compaction and topic trimming every {res.compact_s:g} s (tombstones kept {res.tombstone_s:g} s,"
+        f" consumed topic entries kept {res.keep_s:g} s); dedup windows {res.dedup_window_s:g} s, purge every 15 s,"
         f" inflight marks kept 60 s, daily limits lifted to 100,000 (counted), no quiet hours, `receipt_poll_s = 0`,"
         f" provider buckets lifted; the fakes' per-delivery ledger capped at {FAKE_LEDGER_CAP:,} entries"
         " (see the docstring of bench/soak.py).",
@@ -644,7 +650,8 @@ def report(res: Result, flat_pct: float) -> str:
         f"Changelogs {res.settle_s:.0f} s after the drain (a purge and a compaction later): {res.final_changelog.get('total', 0):,} entries ("
         + ", ".join(f"{k} {v:,}" for k, v in res.final_changelog.items() if k != "total") + "), of which"
         " tombstones (entries without a value): "
-        + ", ".join(f"{k} {v:,}" for k, v in res.final_tombstones.items()) + ".",
+        + ", ".join(f"{k} {v:,}" for k, v in res.final_tombstones.items()) + f"; topic streams (consumed entries"
+        f" trimmed): {res.final_topics:,} entries.",
         f"Nothing lost: {res.missing} (business key, recipient) pairs fed without a record, {res.pending} records"
         f" PENDING, {res.dlq} dead letters; {res.records:,} records: "
         + ", ".join(f"{k} {v:,}" for k, v in list(res.statuses.items())[:8]) + ".",

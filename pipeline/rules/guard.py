@@ -44,6 +44,18 @@ def is_duplicate(dedup_seen_at: Optional[float], now: float, dedup_window_s: flo
     return dedup_seen_at is not None and now - dedup_seen_at < dedup_window_s
 
 
+def dedup_expired(entry: Any, now: float, windows: Mapping[str, float]) -> bool:
+    """True once a dedup table entry ``[seen_at, offset, category]`` is past its
+    category's window (the window in force now), so the purge may drop it. Entries
+    written before the category was stored (``[seen_at, offset]``) or of a category
+    no longer configured wait for the longest window."""
+    category = entry[2] if len(entry) > 2 else None
+    window = windows.get(category) if category is not None else None
+    if window is None:
+        window = max(windows.values(), default=0)
+    return now - entry[0] >= window
+
+
 def check(
     dedup_seen_at: Optional[float],
     now: float,

@@ -11,7 +11,10 @@ Options go in the URL query string:
 ``max_slots`` most slots one worker takes over (default N)
 ``grace``   seconds after start before taking over slots other than the preferred one
 ``prefix``  key namespace (default ``nfs``)
-``compact`` changelog compaction interval in seconds (0 = off)
+``compact`` changelog compaction and topic trimming interval in seconds (0 = off)
+``tombstones`` seconds a deleted key's tombstone is kept in a changelog (default 600)
+``keep``    seconds consumed topic entries are kept once every reader group has
+            committed past them (default 600; -1 = never trim)
 """
 
 from dataclasses import dataclass
@@ -62,6 +65,8 @@ class TransportOptions:
     takeover_grace_s: Optional[float] = None
     prefix: str = "nfs"
     compact_interval_s: float = 60.0
+    tombstone_grace_s: float = 600.0
+    keep_s: float = 600.0
 
     @classmethod
     def from_url(cls, url: URL) -> "TransportOptions":
@@ -74,6 +79,8 @@ class TransportOptions:
             takeover_grace_s=_opt(q, "grace", float, None),
             prefix=q.get("prefix") or "nfs",
             compact_interval_s=_opt(q, "compact", float, 60.0),
+            tombstone_grace_s=_opt(q, "tombstones", float, 600.0),
+            keep_s=_opt(q, "keep", float, 600.0),
         )
         if opts.slots < 1 or (opts.slot is not None and not 0 <= opts.slot < opts.slots):
             raise BrokerURLError(f"broker URL {url}: need slots >= 1 and 0 <= slot < slots")

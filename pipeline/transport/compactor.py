@@ -1,43 +1,105 @@
 """Changelog compaction: Redis does not compact streams, so we do.
 
 Keeps the latest entry per key, drops entries older than the topic's retention
-(windowed tables), and never deletes a partition's tail entry: Faust recovers a
-table by reading up to ``highwater - 1`` and would wait forever for an offset
-that no longer exists.
+(windowed tables), drops a key's tombstone (its latest entry, without a value)
+once it is older than the tombstone grace, and never deletes a partition's tail
+entry: Faust recovers a table by reading up to ``highwater - 1`` and would wait
+forever for an offset that no longer exists.
+
+Why a grace for tombstones (Kafka's ``delete.retention.ms``): a reader part-way
+through the changelog (a worker recovering the partition, a standby) that has
+read a key's value must still find the deletion after it. A few minutes covers
+any reader that keeps up.
+
+A partition is compacted again only when it is worth it (Kafka's
+``min.cleanable.dirty.ratio``): it has grown to twice what the last compaction
+kept, or a tombstone it kept has since passed its grace (:class:`Schedule`).
 """
 
 import time
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional
 
 from .keys import Keys
 from .scripts import DELETE_EXCEPT_TAIL
 
-__all__ = ["compact_partition", "plan_compaction"]
+__all__ = ["Entry", "Plan", "Schedule", "compact_partition", "plan_compaction"]
+
+
+class Entry(NamedTuple):
+    id: bytes
+    key: Optional[bytes]
+    ts: float
+    tombstone: bool = False
+
+
+@dataclass
+class Plan:
+    doomed: list[bytes]
+    kept: int
+    #: when the oldest tombstone kept passes its grace (None: none kept)
+    tombstone_due: Optional[float] = None
 
 
 def plan_compaction(
-    entries: list[tuple[bytes, Optional[bytes], float]],
+    entries: list[Entry],
     retention_s: Optional[float] = None,
     now: Optional[float] = None,
-) -> list[bytes]:
-    """Ids to delete from ``entries`` (id, key, timestamp) given in stream order.
+    tombstone_grace_s: Optional[float] = None,
+) -> Plan:
+    """What to delete from ``entries`` given in stream order.
 
     Pure: the tail-protection is applied again inside Lua when deleting.
+    ``tombstone_grace_s=None`` keeps tombstones for ever.
     """
-    cutoff = (now if now is not None else time.time()) - retention_s if retention_s else None
-    latest: dict[Optional[bytes], bytes] = {}
+    now = time.time() if now is None else now
+    cutoff = now - retention_s if retention_s else None
+    latest: dict[Optional[bytes], Entry] = {}
     doomed: list[bytes] = []
-    for eid, key, ts in entries:
-        if cutoff is not None and ts < cutoff:
-            doomed.append(eid)
+    for e in entries:
+        if cutoff is not None and e.ts < cutoff:
+            doomed.append(e.id)
             continue
-        prev = latest.get(key)
+        prev = latest.get(e.key)
         if prev is not None:
-            doomed.append(prev)
-        latest[key] = eid
-    if entries and entries[-1][0] in doomed:
-        doomed.remove(entries[-1][0])
-    return doomed
+            doomed.append(prev.id)
+        latest[e.key] = e
+    tail = entries[-1].id if entries else None
+    due: Optional[float] = None
+    for e in latest.values():
+        if not e.tombstone or e.id == tail or tombstone_grace_s is None:
+            continue
+        if e.ts <= now - tombstone_grace_s:
+            doomed.append(e.id)
+        else:
+            due = min(due, e.ts + tombstone_grace_s) if due is not None else e.ts + tombstone_grace_s
+    if tail is not None and tail in doomed:
+        doomed.remove(tail)  # retention: the tail stays whatever its age
+    return Plan(doomed, len(entries) - len(doomed), due)
+
+
+@dataclass
+class Schedule:
+    """Which changelog partitions are due for compaction (per worker, in memory:
+    after a restart every partition is compacted once)."""
+
+    kept: dict[Any, int] = field(default_factory=dict)
+    tombstone_due: dict[Any, float] = field(default_factory=dict)
+
+    def due(self, tp: Any, length: int, now: float) -> bool:
+        if tp not in self.kept:
+            return length > 1
+        if length >= 2 * max(self.kept[tp], 1):
+            return True
+        t = self.tombstone_due.get(tp)
+        return t is not None and now >= t
+
+    def done(self, tp: Any, plan: Plan) -> None:
+        self.kept[tp] = plan.kept
+        if plan.tombstone_due is None:
+            self.tombstone_due.pop(tp, None)
+        else:
+            self.tombstone_due[tp] = plan.tombstone_due
 
 
 async def compact_partition(
@@ -47,24 +109,26 @@ async def compact_partition(
     partition: int,
     *,
     retention_s: Optional[float] = None,
+    tombstone_grace_s: Optional[float] = None,
     now: Optional[float] = None,
     chunk: int = 10_000,
-) -> int:
-    """Compact one changelog partition; returns the number of entries deleted."""
+) -> Plan:
+    """Compact one changelog partition; ``plan.doomed`` is what was deleted."""
     stream = keys.stream(topic, partition)
-    entries: list[tuple[bytes, Optional[bytes], float]] = []
+    entries: list[Entry] = []
     start: bytes | str = "-"
     while True:
         batch = await client.xrange(stream, min=start, max="+", count=chunk)
         if not batch:
             break
-        entries.extend((eid, f.get(b"k"), float(f.get(b"t", 0))) for eid, f in batch)
+        entries.extend(Entry(eid, f.get(b"k"), float(f.get(b"t", 0)), b"v" not in f) for eid, f in batch)
         start = b"(" + batch[-1][0]
         if len(batch) < chunk:
             break
-    doomed = plan_compaction(entries, retention_s, now)
+    plan = plan_compaction(entries, retention_s, now, tombstone_grace_s)
+    del entries
     script = client.register_script(DELETE_EXCEPT_TAIL)
     deleted = 0
-    for i in range(0, len(doomed), 1000):
-        deleted += int(await script(keys=[stream], args=doomed[i : i + 1000]))
-    return deleted
+    for i in range(0, len(plan.doomed), 1000):
+        deleted += int(await script(keys=[stream], args=plan.doomed[i : i + 1000]))
+    return plan

@@ -8,6 +8,7 @@ partition has its own hash tag, so the streams are read per slot (see
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Set
 
 from faust.assignor.client_assignment import ClientAssignment
@@ -17,10 +18,11 @@ from mode import Service
 from redis.exceptions import ResponseError
 
 from .client import TRANSIENT_ERRORS
-from .compactor import compact_partition
+from .compactor import Schedule, compact_partition
 from .drain import FastDrain
 from .keys import after_id, offset_of
 from .ownership import SlotLeases
+from .retention import READER_TTL_S, Horizons, trim_horizon, trim_partition
 from .scripts import COMMIT, SET_FENCE
 
 if TYPE_CHECKING:
@@ -96,6 +98,8 @@ class Consumer(FastDrain, base.Consumer):
         self._batch_stamp: tuple[int, int] = (-1, -1)
         self._replaced: set[Any] = set()
         opts = transport.options
+        self._compaction = Schedule()
+        self._horizons = Horizons(opts.keep_s)
         self.leases = SlotLeases(
             transport.keys,
             transport.app.conf.id,
@@ -171,22 +175,67 @@ class Consumer(FastDrain, base.Consumer):
         while not self.should_stop:
             await self.sleep(interval)
             await self.compact()
+            try:
+                await self.trim()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("trimming failed: %s", exc)
 
-    async def compact(self) -> int:
-        """Compact the changelog partitions this worker owns."""
+    async def compact(self, force: bool = False) -> int:
+        """Compact the changelog partitions this worker owns that are due (all
+        with ``force``); returns the number of entries deleted."""
         client = await self.transport.client()
+        opts, keys = self.transport.options, self.transport.keys
         changelogs = self.app.tables.changelog_topics
         removed = 0
         for tp in sorted(self._assigned):
-            if tp.topic in changelogs:
-                try:
-                    removed += await compact_partition(
-                        client, self.transport.keys, tp.topic, tp.partition,
-                        retention_s=self.transport.retention(tp.topic),
-                    )
-                except TRANSIENT_ERRORS as exc:
-                    log.warning("compaction of %s failed: %s", tp, exc)
+            if tp.topic not in changelogs:
+                continue
+            try:
+                length = await client.xlen(keys.stream(tp.topic, tp.partition))
+                if not force and not self._compaction.due(tp, length, time.time()):
+                    continue
+                plan = await compact_partition(
+                    client, keys, tp.topic, tp.partition,
+                    retention_s=self.transport.retention(tp.topic),
+                    tombstone_grace_s=opts.tombstone_grace_s,
+                )
+                self._compaction.done(tp, plan)
+                removed += len(plan.doomed)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("compaction of %s failed: %s", tp, exc)
         return removed
+
+    async def trim(self) -> int:
+        """Trim the consumed (non-changelog) topic partitions this worker owns
+        below what every reader group has committed (see :mod:`.retention`)."""
+        keep = self.transport.options.keep_s
+        if keep < 0:
+            return 0
+        client = await self.transport.client()
+        keys = self.transport.keys
+        changelogs = self.app.tables.changelog_topics
+        tps = [tp for tp in sorted(self._assigned) if tp.topic not in changelogs]
+        self._horizons.forget(tps)
+        if not tps:
+            return 0
+        topics = sorted({tp.topic for tp in tps})
+        now_ms = int(time.time() * 1000)
+        for topic in topics:
+            await client.zadd(keys.readers(topic), {self.app.conf.id: now_ms})
+        readers = {
+            t: [g.decode() for g in await client.zrangebyscore(keys.readers(t), now_ms - READER_TTL_S * 1000, "+inf")]
+            for t in topics
+        }
+        highwaters = await self.highwaters(*tps)
+        mono, trimmed = time.monotonic(), 0
+        for tp in tps:
+            self._horizons.observe(tp, mono, highwaters[tp])
+            field = keys.tp_field(tp.topic, tp.partition)
+            committed = [await client.hget(keys.offsets(g), field) for g in readers[tp.topic]]
+            horizon = trim_horizon((int(c) if c is not None else None for c in committed),
+                                   self._horizons.aged(tp, mono))
+            trimmed += await trim_partition(client, keys, tp.topic, tp.partition, horizon)
+        return trimmed
 
     # -- subscription and rebalance ---------------------------------------
 

@@ -8,6 +8,7 @@ single hash slot and the same code runs on Redis Cluster.
     <ns>:{<topic>|<p>}:n      next offset to assign (= highwater)
     <ns>:{<topic>|<p>}:f      fencing token allowed to write (changelogs only)
     <ns>:topics               hash topic → partition count
+    <ns>:readers:<topic>      sorted set group → last seen (ms): who holds the topic's entries
     <ns>:{g|<group>}:offsets  hash "<topic>|<p>" → committed offset (next to read)
     <ns>:{g|<group>}:lease:<slot>   owner token, expires (PX) unless renewed
     <ns>:{g|<group>}:fence    hash slot → token of the slot's current owner
@@ -53,6 +54,9 @@ class Keys:
     @property
     def topics(self) -> str:
         return f"{self.ns}:topics"
+
+    def readers(self, topic: str) -> str:
+        return f"{self.ns}:readers:{topic}"
 
     def group(self, group: str) -> str:
         return f"{self.ns}:{{g|{group}}}"

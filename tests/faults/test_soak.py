@@ -5,8 +5,9 @@ with short windows so purges and compactions happen within the run.
     python -m pytest tests/faults/test_soak.py -q
     python bench/soak.py --minutes 10 --rate 300     # the full soak → bench/RESULTS.md
 
-One run (module fixture), two checks: nothing is lost, and the changelog streams are
-bounded after compaction.
+One run (module fixture), two checks: nothing is lost, and the streams are bounded:
+changelogs after compaction (tombstones past their grace dropped), topics trimmed
+below the committed offsets.
 """
 
 import pytest
@@ -23,8 +24,8 @@ PARTITIONS = 4
 def soaked():
     return soak.run(
         40 / 60, 20, workers=2, n_users=500, partitions=PARTITIONS, sample_s=2.0, compact_s=COMPACT_S,
-        dedup_window_s=WINDOW_S, purge_s=PURGE_S, inflight_keep_s=KEEP_S, drain_timeout=30,
-        settle_s=WINDOW_S + PURGE_S + COMPACT_S + 3, tag="soak-test", log=print,
+        dedup_window_s=WINDOW_S, purge_s=PURGE_S, inflight_keep_s=KEEP_S, tombstone_s=KEEP_S, keep_s=KEEP_S,
+        drain_timeout=30, settle_s=WINDOW_S + PURGE_S + KEEP_S + 2 * COMPACT_S + 3, tag="soak-test", log=print,
     )
 
 
@@ -40,10 +41,6 @@ def test_soak_loses_nothing(soaked):
     assert res.dlq == 0, f"{res.dlq} dead letters"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "transport bug: the compactor keeps the latest entry of every key, tombstones included, forever"
-    " (pipeline/transport/compactor.py plan_compaction), so the dedup and inflight changelogs keep one"
-    " tombstone per key ever purged and grow without bound; remove this marker once tombstones are dropped"))
 def test_soak_changelogs_bounded_after_compaction(soaked):
     """Once every dedup key and inflight mark has expired, been purged (a tombstone)
     and a compaction has run, those changelogs hold what is live (nothing) plus at
@@ -64,3 +61,5 @@ def test_soak_changelogs_bounded_after_compaction(soaked):
     }
     over = {t: (final.get(t, 0), b) for t, b in bounds.items() if final.get(t, 0) > b}
     assert not over, f"changelog entries (after compaction, bound): {over}; peaks {peak}"
+    # every topic was consumed and committed, and is older than the keep window: trimmed
+    assert res.final_topics <= 10, f"{res.final_topics} entries left in the topic streams"

@@ -13,6 +13,7 @@ from pipeline.rules.guard import (
     check,
     counter_key,
     day_key,
+    dedup_expired,
     dedup_key,
     is_duplicate,
 )
@@ -79,3 +80,15 @@ def test_dedup_key_ignores_param_order():
     assert a != dedup_key("u1", "promo", {"a": 2, "b": [1, 2]})
     assert dedup_key("u1", "promo", None) == dedup_key("u1", "promo", {})
     assert dedup_key("u1", "promo", {"x": object()})  # not JSON: still a key
+
+
+@given(st.floats(0, 1e6), st.floats(0, 1e6), st.sampled_from(["otp", "marketing", "gone"]))
+def test_dedup_entry_expires_with_its_own_categorys_window(seen_at, age, category):
+    """The purge drops an entry exactly when the guard would no longer call a repeat
+    a duplicate: per category, not after the longest window of all."""
+    windows = {"otp": 300, "marketing": 86400}
+    now = seen_at + age
+    expired = dedup_expired([seen_at, 7, category], now, windows)
+    window = windows.get(category, 86400)
+    assert expired == (not is_duplicate(seen_at, now, window))
+    assert dedup_expired([seen_at, 7], now, windows) == (now - seen_at >= 86400)  # written before categories
