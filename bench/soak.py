@@ -97,9 +97,37 @@ def worker_shim(loglevel: str) -> None:
         self.accepted = CappedDict()
 
     fake.FakeProvider.__init__ = capped_init
+    if os.environ.get("SOAK_TRACEMALLOC"):
+        trace_growth(Path(os.environ["SOAK_TRACEMALLOC"]))
     from pipeline.cli import main as cli_main
 
     sys.exit(cli_main(["worker", "-l", loglevel]))
+
+
+def trace_growth(out: Path, first_s: float = 90.0, every_s: float = 60.0, frames: int = 6) -> None:
+    """Where a worker's memory grows (SOAK_TRACEMALLOC=<file>): tracemalloc
+    snapshots every ``every_s`` compared with the one at ``first_s``; the top
+    growing tracebacks are written to ``<file>.<pid>``."""
+    import threading
+    import tracemalloc
+
+    tracemalloc.start(frames)
+    path = out.with_name(f"{out.name}.{os.getpid()}")
+
+    def loop() -> None:
+        time.sleep(first_s)
+        base = tracemalloc.take_snapshot()
+        while True:
+            time.sleep(every_s)
+            snap = tracemalloc.take_snapshot()
+            stats = snap.compare_to(base, "traceback")[:15]
+            with open(path, "w") as f:
+                f.write(f"traced {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MB\n")
+                for st in stats:
+                    f.write(f"\n{st.size_diff / 2**20:+.2f} MB {st.count_diff:+d} blocks\n")
+                    f.write("\n".join(f"    {fr.filename}:{fr.lineno}" for fr in st.traceback) + "\n")
+
+    threading.Thread(target=loop, daemon=True).start()
 
 
 # ---------------------------------------------------------------------------

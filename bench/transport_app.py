@@ -6,13 +6,17 @@ import time
 import faust
 import redis.asyncio as aioredis
 
+from pipeline.transport.cache import CachedTable
+
 N = int(os.environ["N"])
 MODE = os.environ.get("MODE", "stateless")
 BROKER = os.environ["BROKER"]
+LEAN = os.environ.get("LEAN", "1") == "1"  # as the notify worker: pipeline/lean.py, pipeline/transport/cache.py
 app = faust.App(f"bench-{MODE}", broker=BROKER, store="memory://", topic_partitions=4, web_enabled=False,
-                datadir=os.environ.get("DATADIR", "/tmp/bench-transport"))
+                datadir=os.environ.get("DATADIR", "/tmp/bench-transport"),
+                **({"Table": CachedTable} if LEAN else {}))
 topic = app.topic("bench", key_type=str, value_type=bytes, value_serializer="raw", partitions=4)
-if os.environ.get("LEAN", "1") == "1":  # as the notify worker: pipeline/lean.py
+if LEAN:
     from pipeline.lean import lean_sensors, tune_gc
 
     lean_sensors(app)

@@ -18,6 +18,7 @@ from .entries import checked_topic
 from .lean import lean_sensors
 from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Preferences, Priority, Receipt, Timer
 from .templates import Renderer
+from .transport.cache import CachedTable
 
 settings = load_settings()
 redact.install()  # no phone number, e-mail address or push token in a worker's logs
@@ -49,6 +50,7 @@ app = faust.App(
     broker_max_poll_records=50,  # per partition per read: a deep low lane must not hold up a fetch cycle
     producer_max_batch_size=16384,
     topic_disable_leader=True,
+    Table=CachedTable,  # changelog writes coalesced per key until the next commit
 )
 lean_sensors(app)  # Faust's Monitor off the per-event path (pipeline/lean.py)
 

@@ -18,6 +18,7 @@ from mode import Service
 from redis.exceptions import NoScriptError, ResponseError
 
 from .client import TRANSIENT_ERRORS
+from .cache import flush_caches
 from .scripts import PRODUCE
 
 if TYPE_CHECKING:
@@ -179,11 +180,15 @@ class Producer(base.Producer):
     async def send_and_wait(self, *args: Any, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(*args, **kwargs))
 
+    #: flush() sends the tables' cached changes first (.cache)
+    flushes_table_caches = True
+
     async def flush(self) -> None:
-        """Until everything sent before this call is written: Faust's buffer (table
-        changes) first, then our pending messages up to the current count. It does
-        not wait for messages other tasks send meanwhile (a busy worker is never
-        idle: waiting for that stalled lanes and commits for seconds)."""
+        """Until everything sent before this call is written: cached table changes
+        and Faust's buffer first, then our pending messages up to the current count.
+        It does not wait for messages other tasks send meanwhile (a busy worker is
+        never idle: waiting for that stalled lanes and commits for seconds)."""
+        flush_caches(self.app)
         while self.buffer.size:
             await self.buffer.flush()
         await self._wait_written(self._enqueued)

@@ -155,3 +155,29 @@ def test_ordered_store_applies_a_batch_in_changelog_order():
     store.apply_changelog_batch([ev("a", 1), ev("a", None), ev("a", 0), ev("b", 2), ev("b", None)],
                                 to_key=lambda k: k, to_value=lambda v: v)
     assert store.data == {"a": 0}
+
+
+def test_table_writes_coalesce_per_key_until_the_commit(redis_url, redis_sync, tmp_path):
+    """pipeline/transport/cache.py: 2,000 increments of 37 keys leave far fewer
+    changelog entries than writes, and the last entry of each key is its count."""
+    from .helpers import numbers
+
+    produce(redis_url, "numbers", numbers(0, 2000))
+    w = Worker(redis_url + "?lease=3&compact=0", tmp_path).start()
+    try:
+        wait_until(lambda: redis_sync.llen("seen") >= 2000, 60, what="2000 processed")
+        hw = {p: int(redis_sync.get(K.counter("numbers", p))) for p in range(4)}
+        wait_until(lambda: all(int(redis_sync.hget(K.offsets("t"), f"numbers|{p}") or 0) == hw[p] for p in range(4)),
+                   30, what="committed")
+    finally:
+        assert w.stop() == 0, w.log()[-3000:]
+    latest, entries = {}, 0
+    for p in range(4):
+        for _id, f in redis_sync.xrange(K.stream("t-counts-changelog", p)):
+            entries += 1
+            latest[f[b"k"]] = int(orjson.loads(f[b"v"]))
+    expected = {}
+    for k, _v in numbers(0, 2000):
+        expected[orjson.dumps(k.decode())] = expected.get(orjson.dumps(k.decode()), 0) + 1
+    assert latest == expected
+    assert entries < 1000, f"{entries} changelog entries for 2,000 writes"

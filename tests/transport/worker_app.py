@@ -15,6 +15,8 @@ import os
 import faust
 import redis.asyncio as aioredis
 
+from pipeline.transport.cache import CachedTable
+
 BROKER = os.environ["BROKER"]
 PARTITIONS = int(os.environ.get("PARTITIONS", "4"))
 SLOW = float(os.environ.get("SLOW", "0"))
@@ -28,6 +30,7 @@ app = faust.App(
     web_enabled=False,
     broker_commit_interval=0.5,
     datadir=os.environ.get("DATADIR", "/tmp/notify-test-worker"),
+    Table=CachedTable,  # as the notify app (pipeline/app.py)
 )
 numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
 ops = app.topic("ops", key_type=str, value_serializer="json", partitions=PARTITIONS)
