@@ -109,7 +109,7 @@ async def _add_inbox(items: list) -> None:
 
 def make_lane(channel: str, priority: str):
     topic = lane_topics[(channel, priority)]
-    batch_size = settings.channels[channel].lane_batch_size
+    batch_size = settings.lane_batch_size(channel, priority)
 
     async def lane(stream):
         async for events in stream.take_events(batch_size, within=0.002):
@@ -129,7 +129,9 @@ def make_lane(channel: str, priority: str):
                               put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})))
             if not todo:
                 continue
-            await app.producer.flush()  # the "calling" marks are durable before any call
+            # the "calling" marks are durable before any call: wait for those writes
+            # only (a producer flush would also wait for everything else sent, and
+            # send every table change cached for the next commit)
             fenced = 0
             for did, mark in marks:
                 try:

@@ -110,10 +110,18 @@ class Settings:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     #: size of an event's params as compact JSON (they are copied into every intent)
     max_params_bytes: int = 65536
+    #: priority → deliveries a lane agent of that priority takes at once, for every
+    #: channel (``[lane_batch_size]``); a priority absent here uses the channel's own
+    lane_batch_sizes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def category(self, name: str) -> CategoryConfig:
         """The category's config; KeyError when unknown."""
         return self.categories[name]
+
+    def lane_batch_size(self, channel: str, priority: str) -> int:
+        """Deliveries the ``notify.send.<channel>.<priority>`` agent takes at once: the
+        priority's ``[lane_batch_size]`` when set, else ``channels.<channel>.lane_batch_size``."""
+        return self.lane_batch_sizes.get(priority) or self.channels[channel].lane_batch_size
 
     def channel_limits(self) -> dict[str, dict[str, int]]:
         """``{channel: {part: max_length}}`` for :class:`pipeline.templates.Renderer`."""
@@ -182,6 +190,7 @@ _TOP_KEYS = {
     "providers",
     "breaker",
     "receipt_poll_s",
+    "lane_batch_size",
 }
 _CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size"}
 _CATEGORY_KEYS = {"priority", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels"}
@@ -244,7 +253,15 @@ def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -
         providers=MappingProxyType(_providers(raw.get("providers", {}))),
         breaker=_breaker(raw.get("breaker", {})),
         receipt_poll_s=_number("receipt_poll_s", raw.get("receipt_poll_s", 60.0), 0),
+        lane_batch_sizes=MappingProxyType(_lane_batch_sizes(raw.get("lane_batch_size", {}))),
     )
+
+
+def _lane_batch_sizes(raw: Any) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        raise _bad("lane_batch_size", raw, "a table of priority = batch size")
+    _no_unknown(raw, set(PRIORITIES), "lane_batch_size.")
+    return {p: _int(f"lane_batch_size.{p}", v, 1) for p, v in raw.items()}
 
 
 def _number(key: str, value: Any, minimum: float) -> float:

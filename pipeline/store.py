@@ -56,6 +56,7 @@ state, a delivery_id that contradicts its biz_key/user_id/channel) raises
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -66,6 +67,11 @@ import aiosqlite
 from . import ids
 from .models import State
 from .rules.states import PRECEDENCE, RANK, TERMINAL
+
+# aiosqlite logs a DEBUG record per statement, from its thread; with log records
+# redacted as they are made (pipeline/redact.py) that cost ~15% of a worker's CPU
+# under load for lines nobody reads
+logging.getLogger("aiosqlite").setLevel(logging.WARNING)
 
 __all__ = ["RecordStore", "StoreUnavailable", "InvalidOutcome", "InboxItem", "RECORD_COLUMNS"]
 

@@ -36,6 +36,7 @@ class Pipeline:
             **{k: str(v) for k, v in env.items()},
         }
         self.procs: list[subprocess.Popen] = []
+        self._users_sent: dict[str, int] = {}
 
     def start(self, name: str = "worker", **env: Any) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
@@ -66,7 +67,12 @@ class Pipeline:
     def send(self, topic: str, items: Iterable[tuple[Optional[bytes], bytes]], **kw: Any) -> None:
         asyncio.run(produce_async(self.url, topic, list(items), partitions=self.partitions, **kw))
 
-    def events(self, events: Iterable[dict | bytes]) -> None:
+    def events(self, events: Iterable[dict | bytes], after_users: bool = True) -> None:
+        """Send events; first, while a worker runs, wait until the preferences and
+        devices sent so far are applied: they are other topics, and nothing orders
+        them before the events (a real producer writes the profile first, too)."""
+        if after_users and self._users_sent and any(p.poll() is None for p in self.procs):
+            self.wait_committed(self._users_sent)
         items = []
         for e in events:
             if isinstance(e, (bytes, bytearray)):
@@ -78,10 +84,14 @@ class Pipeline:
         self.send("notify.events", items)
 
     def preferences(self, prefs: Iterable[dict]) -> None:
-        self.send("notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs])
+        items = [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]
+        self.send("notify.preferences", items)
+        self._users_sent["notify.preferences"] = self._users_sent.get("notify.preferences", 0) + len(items)
 
     def devices(self, updates: Iterable[dict]) -> None:
-        self.send("notify.devices", [(u["user_id"].encode(), orjson.dumps(u)) for u in updates])
+        items = [(u["user_id"].encode(), orjson.dumps(u)) for u in updates]
+        self.send("notify.devices", items)
+        self._users_sent["notify.devices"] = self._users_sent.get("notify.devices", 0) + len(items)
 
     # -- reading ------------------------------------------------------------
 
@@ -124,4 +134,13 @@ class Pipeline:
             con.close()
 
     def wait_rows(self, cond, timeout: float = 60, what: str = "") -> dict:
-        return wait_until(lambda: (lambda r: r if cond(r) else None)(self.rows()), timeout, 0.2, what)
+        last: dict = {}
+
+        def check():
+            last["rows"] = self.rows()
+            return last["rows"] if cond(last["rows"]) else None
+
+        try:
+            return wait_until(check, timeout, 0.2, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; records: {last.get('rows')}") from None
