@@ -35,6 +35,8 @@ def broker_url() -> str:
         opts.append(f"slot={int(os.environ['NOTIFY_WORKER_INDEX'])}")
     if os.environ.get("NOTIFY_LEASE"):
         opts.append(f"lease={float(os.environ['NOTIFY_LEASE'])}")
+    if os.environ.get("NOTIFY_MEMBERS"):  # "dynamic": elastic workers (pipeline/transport/membership.py)
+        opts.append(f"members={os.environ['NOTIFY_MEMBERS']}")
     return base + ("&" if "?" in base else "?") + "&".join(opts)
 
 

@@ -320,6 +320,11 @@ def cmd_status(args) -> int:
         print(f"{topic:34} {hw:>10} {cm:>10} {lag:>8}")
     leases = {k.decode().rsplit(":", 1)[1]: r.get(k).decode() for k in r.scan_iter(keys.lease("notify", 0)[:-1] + "*")}
     print("slots:", ", ".join(f"{s}→{o}" for s, o in sorted(leases.items())) or "none held")
+    from pipeline.transport.membership import format_group, read_group_sync
+
+    group = read_group_sync(r, keys, "notify")
+    if group.gen:
+        print(format_group(group, now_ms=int(r.time()[0] * 1000)))
     return 0
 
 

@@ -18,3 +18,13 @@ _BREAKER = {"closed": 0, "half_open": 1, "open": 2}
 
 def on_breaker_change(name: str, old: str, new: str) -> None:
     breaker_state.labels(name).set(_BREAKER.get(new, -1))
+
+
+# elastic workers (broker option members=dynamic, pipeline/transport/elastic.py)
+rebalances = Counter("notify_rebalances_total", "Group rebalances completed by this worker")
+rebalance_seconds = Histogram(
+    "notify_rebalance_duration_seconds", "From seeing a new group generation to its assignment applied",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
+group_generation = Gauge("notify_group_generation", "Group generation whose assignment this worker applied")
+member_expelled = Counter("notify_member_expelled_total", "Times this worker was expelled from its group")

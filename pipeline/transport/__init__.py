@@ -15,19 +15,30 @@ Options go in the URL query string:
 ``tombstones`` seconds a deleted key's tombstone is kept in a changelog (default 600)
 ``keep``    seconds consumed topic entries are kept once every reader group has
             committed past them (default 600; -1 = never trim)
+``members`` ``static`` (default: the leased slots above) or ``dynamic``: members
+            join and leave freely, partitions (and table standbys, app setting
+            ``table_standby_replicas``) are assigned by Faust's PartitionAssignor
+            per group generation (see :mod:`.membership`); ``lease`` is then the
+            member lease
+``sync``    dynamic members: seconds a member has to revoke and acknowledge a
+            new generation before it is expelled (default 3 x lease, at least 5)
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import redis
 from aiokafka.partitioner import DefaultPartitioner
 from faust.transport import base
+from faust.types import TP
 from yarl import URL
 
 from .client import BrokerUnavailable, BrokerURLError, connect, is_cluster, parse_url, raw_reply
 from .consumer import Consumer
+from .elastic import ElasticConsumer
 from .keys import Keys
+from .membership import Membership
 from .ownership import SlotLeases
 from .producer import Producer, ProducerFenced
 from .scripts import DECLARE
@@ -67,6 +78,8 @@ class TransportOptions:
     compact_interval_s: float = 60.0
     tombstone_grace_s: float = 600.0
     keep_s: float = 600.0
+    members: str = "static"
+    sync_s: Optional[float] = None
 
     @classmethod
     def from_url(cls, url: URL) -> "TransportOptions":
@@ -81,7 +94,13 @@ class TransportOptions:
             compact_interval_s=_opt(q, "compact", float, 60.0),
             tombstone_grace_s=_opt(q, "tombstones", float, 600.0),
             keep_s=_opt(q, "keep", float, 600.0),
+            members=q.get("members") or "static",
+            sync_s=_opt(q, "sync", float, None),
         )
+        if opts.members not in ("static", "dynamic"):
+            raise BrokerURLError(f"broker URL {url}: members must be static or dynamic, got {opts.members!r}")
+        if opts.members == "dynamic":  # no slots: the group assigns partitions
+            opts = dataclasses.replace(opts, slots=1, slot=None, max_slots=None)
         if opts.slots < 1 or (opts.slot is not None and not 0 <= opts.slot < opts.slots):
             raise BrokerURLError(f"broker URL {url}: need slots >= 1 and 0 <= slot < slots")
         return opts
@@ -93,6 +112,8 @@ class Transport(base.Transport):
     driver_version = f"redis-py {redis.__version__}"
 
     leases: Optional[SlotLeases] = None
+    #: set by the elastic consumer (``members=dynamic``)
+    membership: Optional[Membership] = None
     #: True once connected to a Redis Cluster (set by :meth:`client`).
     is_cluster: bool = False
 
@@ -125,6 +146,10 @@ class Transport(base.Transport):
         return self._client
 
     reader = client
+
+    def create_consumer(self, callback: Any, **kwargs: Any) -> Any:
+        cls = ElasticConsumer if self.options.members == "dynamic" else self.Consumer
+        return cls(self, callback=callback, loop=self.loop, **kwargs)
 
     # -- topic metadata ----------------------------------------------------
 
@@ -179,6 +204,8 @@ class Transport(base.Transport):
         """'' for unfenced topics; the owner token for changelogs; None if not ours."""
         if topic not in self.app.tables.changelog_topics:
             return ""
+        if self.membership is not None:
+            return self.membership.token_for(TP(topic, partition))
         if self.leases is None:
             return None
         return self.leases.token_for(partition)

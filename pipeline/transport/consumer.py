@@ -557,11 +557,11 @@ class Consumer(FastDrain, base.Consumer):
         for tp, offset in offsets.items():
             if tp not in self._assigned:
                 continue
-            token = self.leases.token_for(tp.partition)
-            if token is None:
+            fence = self._commit_fence(tp)
+            if fence is None:
                 log.warning("not committing %s: slot no longer owned", tp)
                 return False
-            args += [keys.tp_field(tp.topic, tp.partition), offset, self.leases.slot_of(tp.partition), token]
+            args += [keys.tp_field(tp.topic, tp.partition), offset, *fence]
             n += 1
         if not n:
             return False
@@ -572,9 +572,9 @@ class Consumer(FastDrain, base.Consumer):
                 return True
             except ResponseError as exc:
                 if str(exc).startswith("FENCED"):
-                    slot = int(str(exc).split()[1])
-                    log.warning("commit refused: slot %d is fenced (another worker owns it)", slot)
-                    self.on_fenced(slot)
+                    field = str(exc).split()[1]
+                    log.warning("commit refused: slot %s is fenced (another worker owns it)", field)
+                    self._on_commit_fenced(field)
                     return False
                 if not isinstance(exc, TRANSIENT_ERRORS):  # CLUSTERDOWN, TRYAGAIN: retry
                     raise
@@ -586,6 +586,14 @@ class Consumer(FastDrain, base.Consumer):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         return False
+
+    def _commit_fence(self, tp: TP) -> Optional[tuple[Any, str]]:
+        """(group fence field, token) a commit of ``tp`` is checked against, or None."""
+        token = self.leases.token_for(tp.partition)
+        return None if token is None else (self.leases.slot_of(tp.partition), token)
+
+    def _on_commit_fenced(self, field: str) -> None:
+        self.on_fenced(int(field))
 
     def close(self) -> None:
         pass

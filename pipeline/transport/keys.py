@@ -14,6 +14,17 @@ single hash slot and the same code runs on Redis Cluster.
     <ns>:{g|<group>}:fence    hash slot → token of the slot's current owner
     <ns>:{g|<group>}:gens     hash slot → generation counter
     <ns>:{g|<group>}:members  hash worker id → last heartbeat (ms), for `notify status`
+
+Dynamic membership (``?members=dynamic``, see :mod:`.membership`):
+
+    <ns>:{g|<group>}:mm:live    zset member id → lease deadline (server ms)
+    <ns>:{g|<group>}:mm:info    hash member id → JSON {topics, url} (subscription)
+    <ns>:{g|<group>}:mm:acks    hash member id → generation it revoked for
+    <ns>:{g|<group>}:mm:state   hash gen, changed_at, sync_deadline, rebalances, expelled
+    <ns>:{g|<group>}:mm:assign  hash gen, leader, at, duration_ms, <member> → JSON
+                                ClientAssignment (written once per generation)
+
+In that mode the group fence hash holds "<topic>|<p>" → "<member>:<gen>".
 """
 
 from dataclasses import dataclass
@@ -75,6 +86,12 @@ class Keys:
 
     def members(self, group: str) -> str:
         return f"{self.group(group)}:members"
+
+    def member_keys(self, group: str) -> list[str]:
+        """KEYS of the membership scripts: live, info, acks, state, assign, fence."""
+        g = self.group(group)
+        return [f"{g}:mm:live", f"{g}:mm:info", f"{g}:mm:acks", f"{g}:mm:state", f"{g}:mm:assign",
+                self.group_fence(group)]
 
     @staticmethod
     def tp_field(topic: str, partition: int) -> str:

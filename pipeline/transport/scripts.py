@@ -118,3 +118,127 @@ end
 redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
+
+# -- dynamic group membership (see membership.py) ----------------------------
+# Every script takes the same KEYS: live (zset member → lease deadline), info
+# (member → subscription JSON), acks (member → generation revoked for), state
+# (gen, changed_at, sync_deadline, rebalances), assign (one assignment per
+# generation), group fence (field → token).  Time is the server's (TIME), so
+# members' clocks do not matter.
+_MEMBERSHIP_LIB = """
+local live, info, acks, state, assign, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function bump(now, sync_ms)
+  local gen = redis.call('HINCRBY', state, 'gen', 1)
+  redis.call('HSET', state, 'changed_at', now, 'sync_deadline', now + sync_ms)
+  return gen
+end
+local function drop(m)
+  redis.call('ZREM', live, m)
+  redis.call('HDEL', info, m)
+  redis.call('HDEL', acks, m)
+  local f = redis.call('HGETALL', fence)
+  local prefix = m .. ':'
+  for i = 1, #f, 2 do
+    if string.sub(f[i + 1], 1, #prefix) == prefix then redis.call('HDEL', fence, f[i]) end
+  end
+end
+-- expel members whose lease ran out, and, once the sync deadline of a generation
+-- without an assignment passed, the members that did not revoke for it
+local function expire(now, sync_ms)
+  local n = 0
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', live, '-inf', now)) do drop(m); n = n + 1 end
+  local gen = redis.call('HGET', state, 'gen')
+  local deadline = tonumber(redis.call('HGET', state, 'sync_deadline') or '0')
+  if gen and redis.call('HGET', assign, 'gen') ~= gen and deadline > 0 and now > deadline then
+    for _, m in ipairs(redis.call('ZRANGE', live, 0, -1)) do
+      if redis.call('HGET', acks, m) ~= gen then drop(m); n = n + 1 end
+    end
+  end
+  if n > 0 then
+    redis.call('HINCRBY', state, 'expelled', n)
+    bump(now, sync_ms)
+  end
+  return n
+end
+"""
+
+#: Join or update the subscription. ARGV: member, info JSON, lease ms, sync ms.
+#: Bumps the generation if the member is new or its subscription changed.
+#: Returns the current generation.
+MEMBER_JOIN = _MEMBERSHIP_LIB + """
+local m, js, lease, sync = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
+expire(now, sync)
+local known = redis.call('ZSCORE', live, m)
+redis.call('ZADD', live, now + lease, m)
+local old = redis.call('HGET', info, m)
+redis.call('HSET', info, m, js)
+if (not known) or old ~= js then return bump(now, sync) end
+return tonumber(redis.call('HGET', state, 'gen'))
+"""
+
+#: Renew the member's lease and expel the dead. ARGV: member, lease ms, sync ms.
+#: Returns {1 | -1 (not a member: expelled), generation, generation of the
+#: assignment written}.
+MEMBER_HEARTBEAT = _MEMBERSHIP_LIB + """
+local m, lease, sync = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+local status = -1
+if redis.call('ZSCORE', live, m) then
+  redis.call('ZADD', live, 'XX', now + lease, m)
+  status = 1
+end
+expire(now, sync)
+if not redis.call('ZSCORE', live, m) then status = -1 end
+return {status, tonumber(redis.call('HGET', state, 'gen') or '0'), tonumber(redis.call('HGET', assign, 'gen') or '0')}
+"""
+
+#: The member revoked everything for a generation. ARGV: member, gen.
+#: Returns 1, 0 (generation moved on) or -1 (not a member).
+MEMBER_ACK = _MEMBERSHIP_LIB + """
+if not redis.call('ZSCORE', live, ARGV[1]) then return -1 end
+if redis.call('HGET', state, 'gen') ~= ARGV[2] then return 0 end
+redis.call('HSET', acks, ARGV[1], ARGV[2])
+return 1
+"""
+
+#: Write the assignment of a generation, once, with the fence entries of every
+#: active topic-partition. ARGV: gen, leader, n, member1..n, json1..n, nf,
+#: field1, token1, ...  Refused (0) unless gen is current, no assignment was
+#: written for it, the live members are exactly member1..n and all revoked.
+MEMBER_ASSIGN = _MEMBERSHIP_LIB + """
+local gen = ARGV[1]
+if redis.call('HGET', state, 'gen') ~= gen then return 0 end
+if redis.call('HGET', assign, 'gen') == gen then return 0 end
+local n = tonumber(ARGV[3])
+if redis.call('ZCARD', live) ~= n then return 0 end
+for i = 1, n do
+  local m = ARGV[3 + i]
+  if not redis.call('ZSCORE', live, m) or redis.call('HGET', acks, m) ~= gen then return 0 end
+end
+local now = now_ms()
+local f = redis.call('HGETALL', fence)
+for i = 1, #f, 2 do
+  if string.find(f[i], '|', 1, true) then redis.call('HDEL', fence, f[i]) end
+end
+local j = 4 + 2 * n
+local nf = tonumber(ARGV[j])
+for i = 0, nf - 1 do redis.call('HSET', fence, ARGV[j + 1 + 2 * i], ARGV[j + 2 + 2 * i]) end
+redis.call('DEL', assign)
+local changed = tonumber(redis.call('HGET', state, 'changed_at') or now)
+redis.call('HSET', assign, 'gen', gen, 'leader', ARGV[2], 'at', now, 'duration_ms', now - changed)
+for i = 1, n do redis.call('HSET', assign, ARGV[3 + i], ARGV[3 + n + i]) end
+redis.call('HINCRBY', state, 'rebalances', 1)
+return 1
+"""
+
+#: Leave the group (clean shutdown). ARGV: member, sync ms. Returns the new gen.
+MEMBER_LEAVE = _MEMBERSHIP_LIB + """
+if not redis.call('ZSCORE', live, ARGV[1]) then return 0 end
+drop(ARGV[1])
+return bump(now_ms(), tonumber(ARGV[2]))
+"""

@@ -6,7 +6,11 @@ Agent ``numbers``: for every message (key k, value v) appends
 ``kv``; an op "dump" writes the worker's view of ``kv`` to the hash
 ``dump:<partition>`` (sent to every partition by the test).
 
-Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message).
+An op may carry "i" (an event number): it is added to the Redis set
+``ops-seen`` once applied (the elastic scale test checks every event was processed).
+
+Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message),
+STANDBYS (``table_standby_replicas``, Faust's default 1).
 """
 
 import asyncio
@@ -31,6 +35,7 @@ app = faust.App(
     broker_commit_interval=0.5,
     datadir=os.environ.get("DATADIR", "/tmp/notify-test-worker"),
     Table=CachedTable,  # as the notify app (pipeline/app.py)
+    **({"table_standby_replicas": int(os.environ["STANDBYS"])} if os.environ.get("STANDBYS") else {}),
 )
 numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
 ops = app.topic("ops", key_type=str, value_serializer="json", partitions=PARTITIONS)
@@ -70,6 +75,8 @@ async def apply_ops(stream):
             kv[event.key] = op["v"]
         elif op["op"] == "del":
             kv.pop(event.key, None)
+        if "i" in op:
+            await data().sadd("ops-seen", op["i"])
         elif op["op"] == "dump":
             p = event.message.partition
             partition_of = app.transport.partition_for
