@@ -18,6 +18,8 @@ from a changelog), so a partition given up is dropped whole after recovery.
 the changelog refused).
 """
 
+import logging
+import time
 from typing import Any, Callable, Iterable, Optional, Set
 
 from faust import current_event
@@ -25,6 +27,8 @@ from faust.stores import memory
 from faust.types import TP, EventT
 
 __all__ = ["Store"]
+
+log = logging.getLogger(__name__)
 
 
 class Store(memory.Store):
@@ -35,6 +39,9 @@ class Store(memory.Store):
         #: still in flight may land after forget() and must not make its offset
         #: look like a warm copy
         self._cold = False
+        #: changelog partitions read in bulk for this assignment: what the store
+        #: holds of them is exactly the changelog up to their offset
+        self._loaded: set[TP] = set()
 
     def apply_changelog_batch(
         self,
@@ -42,10 +49,12 @@ class Store(memory.Store):
         to_key: Callable[[Any], Any],
         to_value: Callable[[Any], Any],
     ) -> None:
-        data, partitions, offsets = self.data, self._key_partition, self._offsets
+        data, partitions, offsets, loaded = self.data, self._key_partition, self._offsets, self._loaded
         for event in batch:
-            key = to_key(event.key)
             message = event.message
+            if loaded and getattr(message, "tp", None) in loaded and message.offset <= offsets.get(message.tp, -1):
+                continue  # read in bulk already (a batch fetched before the bulk read)
+            key = to_key(event.key)
             if message.value is None:
                 data.pop(key, None)
                 partitions.pop(key, None)
@@ -74,6 +83,8 @@ class Store(memory.Store):
         Only with dynamic membership (the elastic consumer forgets the state of
         a fenced member); otherwise None, and recovery reads whole changelogs.
         """
+        if tp in self._loaded:
+            return self._offsets.get(tp)
         if self._cold or not _warm_restarts(self.app):
             return None
         return self._offsets.get(tp)
@@ -91,13 +102,64 @@ class Store(memory.Store):
             self._key_partition.pop(k, None)
         for tp in [tp for tp in self._offsets if tp.partition not in keep]:
             del self._offsets[tp]
+        self._loaded = {tp for tp in self._loaded if tp.partition in keep}
 
     def forget(self) -> None:
         """Drop all data and offsets: the next recovery reads whole changelogs."""
         self.data.clear()
         self._key_partition.clear()
         self._offsets.clear()
+        self._loaded.clear()
         self._cold = True
+
+    async def on_rebalance(self, assigned: Set[TP], revoked: Set[TP], newly_assigned: Set[TP],
+                           generation_id: int = 0) -> None:
+        """Before Faust's recovery: read the changelog partitions this worker is
+        now active for and holds no exact copy of in bulk, when the transport can
+        (pipeline/transport/bulkload.py); Faust then recovers only what came after."""
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+        transport = self.app.transport
+        if not hasattr(transport, "read_changelog"):
+            return
+        name = self.table.changelog_topic.get_topic_name()
+        actives = {tp for tp in self.app.assignor.assigned_actives() if tp.topic == name}
+        self._loaded &= actives
+        todo = sorted(tp for tp in actives - self._loaded if self.persisted_offset(tp) is None)
+        if not todo:
+            return
+        t0, n = time.monotonic(), 0
+        for tp in todo:
+            n += await self._load(transport, tp)
+        log.info("table %s: %d changelog entries of %d partitions read in bulk in %.2fs",
+                 self.table.name, n, len(todo), time.monotonic() - t0)
+
+    async def _load(self, transport: Any, tp: TP) -> int:
+        """Replace what this store holds of ``tp``'s partition with its changelog."""
+        for k in [k for k, p in self._key_partition.items() if p == tp.partition]:
+            self.data.pop(k, None)
+            del self._key_partition[k]
+        self._offsets.pop(tp, None)
+        topic = self.table.changelog_topic
+        loads_key, loads_value = self.app.serializers.loads_key, self.app.serializers.loads_value
+        ktype, kser, vtype, vser = topic.key_type, topic.key_serializer, topic.value_type, topic.value_serializer
+        to_key, to_value = self.table._to_key, self.table._to_value
+        data, partitions, p = self.data, self._key_partition, tp.partition
+        n, last = 0, None
+        async for chunk in transport.read_changelog(tp.topic, tp.partition):
+            for offset, raw_key, raw_value in chunk:
+                key = to_key(loads_key(ktype, raw_key, serializer=kser))
+                if raw_value is None:
+                    data.pop(key, None)
+                    partitions.pop(key, None)
+                else:
+                    data[key] = to_value(loads_value(vtype, raw_value, serializer=vser))
+                    partitions[key] = p
+                last = offset
+            n += len(chunk)
+        if last is not None:
+            self._offsets[tp] = last
+        self._loaded.add(tp)
+        return n
 
 
 def _warm_restarts(app: Any) -> bool:

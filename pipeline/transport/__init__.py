@@ -34,6 +34,7 @@ from faust.transport import base
 from faust.types import TP
 from yarl import URL
 
+from .bulkload import read_changelog
 from .client import BrokerUnavailable, BrokerURLError, connect, is_cluster, parse_url, raw_reply
 from .consumer import Consumer
 from .elastic import ElasticConsumer
@@ -197,6 +198,13 @@ class Transport(base.Transport):
         n = self._partitions.get(topic) or self.app.conf.topic_partitions
         parts = list(range(n))
         return self.partitioner(key, parts, parts)
+
+    async def read_changelog(self, topic: str, partition: int, start: int = 0) -> Any:
+        """Chunks of ``(offset, key, value)`` of a partition, for a bulk table
+        recovery (:mod:`.bulkload`, used by tables/store.py)."""
+        client = await self.client()
+        async for chunk in read_changelog(client, self.keys, topic, partition, start):
+            yield chunk
 
     # -- fencing -----------------------------------------------------------
 
