@@ -67,29 +67,25 @@ class GroupState:
         return bool(self.live) and all(self.acks.get(m) == self.gen for m in self.live)
 
 
-async def read_group(client: Any, keys: Keys, group: str) -> GroupState:
-    """Read the whole membership state (one pipeline; async client)."""
+def _queue_reads(pipe: Any, keys: Keys, group: str) -> Any:
     live, info, acks, state, assign, _fence = keys.member_keys(group)
-    pipe = client.pipeline(transaction=False)  # a snapshot is enough: MEMBER_ASSIGN re-checks
     pipe.zrange(live, 0, -1, withscores=True)
     pipe.hgetall(info)
     pipe.hgetall(acks)
     pipe.hgetall(state)
     pipe.hgetall(assign)
-    res = await pipe.execute()
-    return _state(*res)
+    return pipe
+
+
+async def read_group(client: Any, keys: Keys, group: str) -> GroupState:
+    """Read the whole membership state (one pipeline; async client; a snapshot is
+    enough: MEMBER_ASSIGN re-checks)."""
+    return _state(*await _queue_reads(client.pipeline(transaction=False), keys, group).execute())
 
 
 def read_group_sync(client: Any, keys: Keys, group: str) -> GroupState:
     """Same as :func:`read_group` with a synchronous client (CLI, tests)."""
-    live, info, acks, state, assign, _fence = keys.member_keys(group)
-    pipe = client.pipeline(transaction=False)  # a snapshot is enough: MEMBER_ASSIGN re-checks
-    pipe.zrange(live, 0, -1, withscores=True)
-    pipe.hgetall(info)
-    pipe.hgetall(acks)
-    pipe.hgetall(state)
-    pipe.hgetall(assign)
-    return _state(*pipe.execute())
+    return _state(*_queue_reads(client.pipeline(transaction=False), keys, group).execute())
 
 
 def _state(live: Any, info: Any, acks: Any, state: Any, assign: Any) -> GroupState:
