@@ -31,6 +31,10 @@ fakes remember every delivery they accepted (adapters/fake.py ``calls`` and
 workers run through a shim that caps those two dicts at the latest 20,000 entries
 (``--full-fake-ledger`` turns the cap off), so the worker's RSS is the pipeline's.
 
+Where a worker's memory grows: ``SOAK_TYPES=<file>`` (live objects by type and
+allocated blocks every minute, cheap) or ``SOAK_TRACEMALLOC=<file>`` (top growing
+allocation sites; slows the workers several times, so they fall behind).
+
 Writes the ``soak`` section of bench/RESULTS.md (``--no-write`` to skip) and the
 samples to bench/out/soak-samples.csv.
 """
@@ -97,14 +101,45 @@ def worker_shim(loglevel: str) -> None:
         self.accepted = CappedDict()
 
     fake.FakeProvider.__init__ = capped_init
+    if os.environ.get("SOAK_TYPES"):
+        count_types(Path(os.environ["SOAK_TYPES"]))
     if os.environ.get("SOAK_TRACEMALLOC"):
-        trace_growth(Path(os.environ["SOAK_TRACEMALLOC"]))
+        trace_growth(Path(os.environ["SOAK_TRACEMALLOC"]), frames=int(os.environ.get("SOAK_TRACEMALLOC_FRAMES", "1")))
     from pipeline.cli import main as cli_main
 
     sys.exit(cli_main(["worker", "-l", loglevel]))
 
 
-def trace_growth(out: Path, first_s: float = 90.0, every_s: float = 60.0, frames: int = 6) -> None:
+def count_types(out: Path, first_s: float = 90.0, every_s: float = 60.0) -> None:
+    """Which object types grow in a worker (SOAK_TYPES=<file>): live objects
+    counted by type (gc.get_objects, no per-allocation cost) every ``every_s``,
+    compared with the count at ``first_s``; written to ``<file>.<pid>``."""
+    import collections
+    import gc
+    import threading
+
+    path = out.with_name(f"{out.name}.{os.getpid()}")
+
+    def census() -> collections.Counter:
+        return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+
+    def loop() -> None:
+        time.sleep(first_s)
+        base, t0, blocks0 = census(), time.monotonic(), sys.getallocatedblocks()
+        while True:
+            time.sleep(every_s)
+            now = census()
+            grown = sorted(((now[k] - base.get(k, 0), k) for k in now), reverse=True)[:20]
+            with open(path, "w") as f:
+                f.write(f"{time.monotonic() - t0:.0f}s after the first census; gc-tracked objects"
+                        f" {sum(now.values()):,} (first {sum(base.values()):,}); allocated blocks"
+                        f" {sys.getallocatedblocks():,} (first {blocks0:,})\n")
+                f.writelines(f"{d:+,} {k} ({now[k]:,})\n" for d, k in grown)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def trace_growth(out: Path, first_s: float = 90.0, every_s: float = 60.0, frames: int = 1) -> None:
     """Where a worker's memory grows (SOAK_TRACEMALLOC=<file>): tracemalloc
     snapshots every ``every_s`` compared with the one at ``first_s``; the top
     growing tracebacks are written to ``<file>.<pid>``."""
@@ -120,7 +155,7 @@ def trace_growth(out: Path, first_s: float = 90.0, every_s: float = 60.0, frames
         while True:
             time.sleep(every_s)
             snap = tracemalloc.take_snapshot()
-            stats = snap.compare_to(base, "traceback")[:15]
+            stats = snap.compare_to(base, "traceback" if frames > 1 else "lineno")[:15]
             with open(path, "w") as f:
                 f.write(f"traced {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MB\n")
                 for st in stats:
