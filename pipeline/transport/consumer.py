@@ -271,9 +271,9 @@ class Consumer(FastDrain, base.Consumer):
 
     async def _fence_changelogs(self, tps: Set[TP]) -> None:
         changelogs = self.app.tables.changelog_topics
-        for tp in tps:
+        for tp in sorted(tps):
             if tp.topic in changelogs:
-                token = self.leases.token_for(tp.partition)
+                token = self.transport.fence_token(tp.topic, tp.partition)  # slot or member token
                 if token:
                     ok = await self._fence_script(
                         keys=[self.transport.keys.fence(tp.topic, tp.partition)],

@@ -329,20 +329,6 @@ class ElasticConsumer(Consumer):
         self._wake.set()
         await self.on_partitions_assigned(set(tps), generation_id=self._generation)
 
-    async def _fence_changelogs(self, tps: Set[TP]) -> None:
-        changelogs = self.app.tables.changelog_topics
-        m = self.membership
-        for tp in sorted(tps):
-            if tp.topic in changelogs:
-                token = m.token_for(tp)
-                if token:
-                    ok = await self._fence_script(
-                        keys=[self.transport.keys.fence(tp.topic, tp.partition)],
-                        args=[token, Membership.generation(token)],
-                    )
-                    if not int(ok):
-                        self.on_fenced(tp.partition)
-
 
 def _only_existing(ca: ClientAssignment, parts: dict[str, int]) -> ClientAssignment:
     def keep(d: dict) -> dict:

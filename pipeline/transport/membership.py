@@ -161,10 +161,6 @@ class Membership:
         self._keys = keys.member_keys(group)
         self._left = False
 
-    @staticmethod
-    def generation(token: str) -> int:
-        return int(token.rsplit(":", 1)[1])
-
     def token(self, gen: int) -> str:
         return f"{self.member_id}:{gen}"
 
