@@ -523,6 +523,16 @@ class Workers:
         return hung
 
 
+def stop_process(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM, then SIGKILL if it is still running after ``grace`` s."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait(cond, timeout: float, what: str, check=None, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e import PARTITIONS, cpu_seconds, machine_busy, wait  # noqa: E402
+from bench.e2e import PARTITIONS, cpu_seconds, machine_busy, stop_process, wait  # noqa: E402
 from bench.otp import pct  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
 
@@ -147,12 +147,7 @@ def measure(runs: list[Run], seconds: float, log=print) -> None:
                     f"p50 {pct(run.latency_ms, 50):.1f} ms p99 {pct(run.latency_ms, 99):.1f} ms per request"
                     + (f", other statuses {run.statuses}" if run.statuses else ""))
         finally:
-            api.terminate()
-            try:
-                api.wait(15)
-            except subprocess.TimeoutExpired:
-                api.kill()
-                api.wait()
+            stop_process(api, 15)
             server.stop()
 
 

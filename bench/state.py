@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e import PARTITIONS, cpu_seconds, wait  # noqa: E402
+from bench.e2e import PARTITIONS, cpu_seconds, stop_process, wait  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -179,12 +179,7 @@ def run_worker(url: str, tmp: Path, what: str, expect_dedup: int = 0, expect_dai
     finally:
         # Faust's shutdown takes ~20 s here: kill after 5 s, then wait for the slot
         # leases to expire so that the next worker's recovery does not include that wait
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 5)
         wait(lambda: not any(r.scan_iter(match="*:lease:*")), 60, "the worker's slot leases to expire", interval=0.1)
         r.close()
 
