@@ -14,6 +14,7 @@ from pipeline import clock
 from pipeline.app import app, intents_topics, renderer, settings
 from pipeline.rules.guard import dedup_expired
 from pipeline.rules.plan import plan_intent
+from pipeline.transport import ProducerFenced
 from tables import daily, dedup, devices, inflight, preferences
 
 from . import emit
@@ -68,46 +69,66 @@ PURGE_EVERY_S = float(os.environ.get("NOTIFY_PURGE_EVERY_S", "60"))
 DAILY_KEEP_DAYS = 2
 INFLIGHT_KEEP_S = float(os.environ.get("NOTIFY_INFLIGHT_KEEP_S", "3600"))
 DONE_STATES = ("ACCEPTED", "DELIVERED", "FAILED", "REVIEW", "FILTERED")
+#: tombstones sent by the purge before it waits for them to be written
+PURGE_CHUNK = 500
 
 
 @app.timer(PURGE_EVERY_S)
 async def purge_expired() -> None:
     """Drop dedup entries past their category's window, daily counters older than two
     days and lane inflight marks of deliveries done an hour ago (tombstones on the
-    changelog; the compactor then drops their history)."""
+    changelog; the compactor then drops their history).
+
+    Tombstones go out :data:`PURGE_CHUNK` at a time, each chunk written before the
+    next is made: a purge of thousands of keys sent at once held a message, a
+    future and a pending write per key until the producer caught up (a ~20 MB
+    spike every purge in the soak, which the allocator kept as RSS)."""
     from datetime import date, timedelta
 
     from pipeline.topics import INTENT_TOPICS
     from tables import delete
 
     now = clock.now()
-    purged = 0
     windows = {name: c.dedup_window_s for name, c in settings.categories.items()}
     partition_of = app.transport.partition_for
     topic = INTENT_TOPICS[0]  # every user-keyed topic has the same partitions
     owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
-    for key, entry in list(dedup.data.items()):
-        if dedup_expired(entry, now, windows):
-            user = key.split("|", 1)[0]
-            p = partition_of(topic, user.encode())
-            if p in owned:
-                delete(dedup, p, key)
-                purged += 1
-    # a delivery done an hour ago can no longer be replayed from an uncommitted offset
-    for key, st in list(inflight.data.items()):
-        if st.get("t", now) < now - INFLIGHT_KEEP_S and st["s"] in DONE_STATES:
-            p = partition_of(topic, st["u"].encode())
-            if p in owned:
-                delete(inflight, p, key)
-                purged += 1
     oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
-    for key in list(daily.data.keys()):
-        # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
-        user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
-        if day < oldest:
-            p = partition_of(topic, user.encode())
-            if p in owned:
-                delete(daily, p, key)
-                purged += 1
+
+    def expired():
+        for key in list(dedup.data):
+            entry = dedup.data.get(key)
+            if entry is not None and dedup_expired(entry, now, windows):
+                yield dedup, key.split("|", 1)[0], key
+        # a delivery done an hour ago can no longer be replayed from an uncommitted offset
+        for key in list(inflight.data):
+            st = inflight.data.get(key)
+            if st is not None and st.get("t", now) < now - INFLIGHT_KEEP_S and st["s"] in DONE_STATES:
+                yield inflight, st["u"], key
+        for key in list(daily.data):
+            # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
+            user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
+            if day < oldest:
+                yield daily, user, key
+
+    purged, last = 0, None
+    for table, user, key in expired():
+        p = partition_of(topic, user.encode())
+        if p not in owned:
+            continue
+        last = delete(table, p, key)
+        purged += 1
+        if purged % PURGE_CHUNK == 0:
+            await _written(last)
+    await _written(last)
     if purged:
         log.info("purged %d expired table entries", purged)
+
+
+async def _written(fut) -> None:
+    if fut is None:
+        return
+    try:
+        await fut
+    except ProducerFenced:
+        pass  # the partition moved: its new owner purges it

@@ -474,7 +474,7 @@ def bench_config(tmp: Path) -> Optional[Path]:
 
 
 class Workers:
-    def __init__(self, url: str, tmp: Path, diagnose: bool = False):
+    def __init__(self, url: str, tmp: Path, diagnose: bool = False, loop: Optional[str] = None):
         self.diagnose = diagnose
         config = self.config = bench_config(tmp)
         self.env = dict(
@@ -483,6 +483,7 @@ class Workers:
             NOTIFY_BROKER=url, NOTIFY_WORKERS=str(WORKERS), NOTIFY_DATA_DIR=str(tmp / "data"),
             NOTIFY_DB=str(tmp / "records.db"), NOTIFY_PARTITIONS=str(PARTITIONS), NOTIFY_LEASE="3",
             NOTIFY_PROVIDERS="fake", PYTHONPATH=str(ROOT),
+            **({"NOTIFY_LOOP": loop} if loop else {}),
         )
         self.procs: list[subprocess.Popen] = []
 
@@ -547,7 +548,7 @@ def wait(cond, timeout: float, what: str, check=None, interval: float = 0.05):
 
 
 def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users: Optional[int] = None,
-        seed: int = 8, timeout: float = 900.0, log=print) -> Result:
+        seed: int = 8, timeout: float = 900.0, loop: Optional[str] = None, log=print) -> Result:
     import redis
 
     t_begin = time.monotonic()
@@ -566,7 +567,7 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
     with tempfile.TemporaryDirectory(prefix="notify-e2e-") as tmpdir:
         tmp = Path(tmpdir)
         server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
-        workers = Workers(server.url, tmp, diagnose)
+        workers = Workers(server.url, tmp, diagnose, loop)
         if workers.config:
             import tomllib
 
@@ -714,16 +715,51 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
     return res
 
 
+def compare_loops(n_events: int, n_users: Optional[int]) -> None:
+    """The same run with the workers on asyncio's loop and on uvloop, ABAB."""
+    from bench.results import write_section
+
+    rates: dict[str, list[float]] = {"asyncio": [], "uvloop": []}
+    cpu: dict[str, list[float]] = {"asyncio": [], "uvloop": []}
+    for loop in ("asyncio", "uvloop", "asyncio", "uvloop"):
+        r = run(n_events, n_users=n_users, loop=loop)
+        rates[loop].append(r.rate)
+        cpu[loop].append(sum(v for k, v in r.cpu.items() if k.startswith("worker")) / r.notifications)
+        print(f"{loop}: {r.rate:,.0f} notifications/s", flush=True)
+    mean = {k: sum(v) / len(v) for k, v in rates.items()}
+    per = {k: 1e6 * sum(v) / len(v) for k, v in cpu.items()}
+    lines = [
+        f"The end-to-end run (`bench/e2e.py`, {n_events:,} events) four times in a row, the workers on asyncio's"
+        " event loop and on uvloop alternately (`NOTIFY_LOOP`, pipeline/lean.py).",
+        "",
+        "| loop | runs (notifications/s) | mean | worker CPU µs per notification |",
+        "|---|---|---:|---:|",
+        *(f"| {k} | {', '.join(f'{x:,.0f}' for x in rates[k])} | {mean[k]:,.0f} | {per[k]:,.0f} |" for k in rates),
+        "",
+        f"**uvloop / asyncio: {mean['uvloop'] / mean['asyncio']:.2f}x** throughput,"
+        f" {per['asyncio'] / per['uvloop']:.2f}x less worker CPU per notification.",
+    ]
+    body = "\n".join(lines)
+    print(body)
+    cmd = "python bench/e2e.py --loop both" + (f" --events {n_events}" if n_events != 20_000 else "")
+    write_section("loop", cmd, body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--users", type=int, default=None, help="default: max(1000, events)")
     ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 for 10 s")
     ap.add_argument("--diagnose", action="store_true", help="workers with timing probes around awaits that stall")
+    ap.add_argument("--loop", choices=("uvloop", "asyncio", "both"), default=None,
+                    help="the workers' event loop (NOTIFY_LOOP); 'both' runs asyncio and uvloop twice each,"
+                         " alternating, and writes the 'loop' section of bench/RESULTS.md")
     ap.add_argument("--worker-shim", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_shim:
         return worker_shim(args.worker_shim)
+    if args.loop == "both":
+        return compare_loops(args.events, args.users)
     res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users)
     print(json.dumps({k: v for k, v in res.__dict__.items() if k not in ("profile", "profile_incl", "probes")},
                      indent=2))

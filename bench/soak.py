@@ -28,8 +28,11 @@ stays the same all run instead of turning into FILTERED/daily_limit), no quiet
 hours, ``receipt_poll_s = 0`` and provider buckets lifted (as bench/e2e.py). The
 fakes remember every delivery they accepted (adapters/fake.py ``calls`` and
 ``accepted``: a provider's state, kept on the provider's side in reality); the
-workers run through a shim that caps those two dicts at the latest 20,000 entries
+workers run through a shim that caps those two dicts at the latest 2,000 entries
 (``--full-fake-ledger`` turns the cap off), so the worker's RSS is the pipeline's.
+The cap must be reached within the warm-up: with 20,000 the six dicts of a worker
+grew by ~2,900 entries a minute each for seven minutes, which was the whole
+"+2-4 MB/min" a 10-minute soak measured (found with SOAK_TYPES, below).
 
 Where a worker's memory grows: ``SOAK_TYPES=<file>`` (live objects by type and
 allocated blocks every minute, cheap) or ``SOAK_TRACEMALLOC=<file>`` (top growing
@@ -69,7 +72,7 @@ from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 
 GROUP = "notify"
-FAKE_LEDGER_CAP = 20_000
+FAKE_LEDGER_CAP = 2_000
 TABLES = ("preferences", "devices", "dedup", "daily", "timers", "inflight")
 
 # ---------------------------------------------------------------------------
@@ -123,18 +126,64 @@ def count_types(out: Path, first_s: float = 90.0, every_s: float = 60.0) -> None
     def census() -> collections.Counter:
         return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
 
+    def containers() -> tuple[dict, collections.Counter]:
+        """Lengths of the containers the gc sees and of those they hold (a dict
+        of str -> int is not tracked, but its holder is), and the atoms reached
+        one step from a tracked object (count and bytes by type)."""
+        sizes: dict[int, tuple[int, object]] = {}
+        atoms: collections.Counter = collections.Counter()
+        seen: set[int] = set()
+        kinds = (dict, list, set, collections.deque)
+        for o in gc.get_objects():
+            if isinstance(o, kinds):
+                sizes[id(o)] = (len(o), o)
+            for r in gc.get_referents(o):
+                if id(r) in seen:
+                    continue
+                if isinstance(r, kinds) and not gc.is_tracked(r):
+                    seen.add(id(r))
+                    sizes[id(r)] = (len(r), r)
+                elif type(r) in (str, bytes, int, float, tuple):
+                    seen.add(id(r))
+                    atoms[type(r).__name__] += 1
+                    atoms[type(r).__name__ + " bytes"] += sys.getsizeof(r)
+        return sizes, atoms
+
+    def owner(o: object) -> str:
+        names = []
+        for ref in gc.get_referrers(o)[:4]:
+            if isinstance(ref, dict):
+                for holder in gc.get_referrers(ref)[:4]:
+                    if getattr(holder, "__dict__", None) is ref:
+                        key = next((k for k, v in ref.items() if v is o), "?")
+                        names.append(f"{type(holder).__qualname__}.{key}")
+            elif not isinstance(ref, (list, type(sys._getframe()))):
+                names.append(type(ref).__qualname__)
+        return ", ".join(names[:3]) or "?"
+
     def loop() -> None:
         time.sleep(first_s)
         base, t0, blocks0 = census(), time.monotonic(), sys.getallocatedblocks()
+        sizes0, atoms0 = containers()
+        sizes0 = {k: n for k, (n, _) in sizes0.items()}
         while True:
             time.sleep(every_s)
             now = census()
+            sizes, atoms = containers()
             grown = sorted(((now[k] - base.get(k, 0), k) for k in now), reverse=True)[:20]
+            longer = sorted(((n - sizes0.get(i, 0), i) for i, (n, _) in sizes.items()), reverse=True)[:12]
             with open(path, "w") as f:
                 f.write(f"{time.monotonic() - t0:.0f}s after the first census; gc-tracked objects"
                         f" {sum(now.values()):,} (first {sum(base.values()):,}); allocated blocks"
                         f" {sys.getallocatedblocks():,} (first {blocks0:,})\n")
                 f.writelines(f"{d:+,} {k} ({now[k]:,})\n" for d, k in grown)
+                f.write("\natoms one step from a tracked object (now, first):\n")
+                f.writelines(f"  {k}: {atoms[k]:,} ({atoms0.get(k, 0):,})\n" for k in sorted(atoms))
+                f.write("\ncontainers grown most (len now, growth, type, held by):\n")
+                for d, i in longer:
+                    n, o = sizes[i]
+                    f.write(f"  {n:,} {d:+,} {type(o).__qualname__} {owner(o)}\n")
+            del sizes
 
     threading.Thread(target=loop, daemon=True).start()
 
@@ -752,6 +801,8 @@ def main() -> None:
         cmd = f"python bench/soak.py --minutes {args.minutes:g} --rate {args.rate:g}"
         if args.workers != 2:
             cmd += f" --workers {args.workers}"
+        if args.users != 5000:
+            cmd += f" --users {args.users}"
         if args.full_fake_ledger:
             cmd += " --full-fake-ledger"
         write_section("soak", cmd, body)

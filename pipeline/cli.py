@@ -136,8 +136,10 @@ def cmd_worker(args) -> int:
         start_http_server(int(os.environ["NOTIFY_METRICS_PORT"]), addr="127.0.0.1")
     import faust
 
+    from pipeline.lean import tune_gc, use_fast_loop
+
+    use_fast_loop()  # before anything creates the loop
     import agents
-    from pipeline.lean import tune_gc
 
     tune_gc()
     worker = faust.Worker(agents.app, loglevel=args.loglevel, quiet=True)
@@ -332,7 +334,9 @@ def cmd_api(args) -> int:
     """``notify api`` serves the HTTP API (pipeline/api); ``notify keys add|ls|rm``
     manages its API keys (the key itself is printed once, only its hash is kept)."""
     from pipeline.api import auth, serve
+    from pipeline.lean import use_fast_loop
 
+    use_fast_loop()
     settings = _settings()
     keys_path = args.keys or os.path.join(settings.data_dir, "api_keys.json")
     try:

@@ -45,8 +45,9 @@ def put(table, partition: int, key, value):
     return table.send_changelog(partition, key, value)
 
 
-def delete(table, partition: int, key) -> None:
+def delete(table, partition: int, key):
+    """Delete ``table[key]`` with a tombstone on ``partition``; returns the write's future."""
     if key in table.data:
         del table.data[key]
     # "raw" as Faust's own deletes: a real tombstone (no value), not JSON "null"
-    table.send_changelog(partition, key, None, value_serializer="raw")
+    return table.send_changelog(partition, key, None, value_serializer="raw")
