@@ -741,7 +741,7 @@ def compare_loops(n_events: int, n_users: Optional[int]) -> None:
     ]
     body = "\n".join(lines)
     print(body)
-    cmd = "python bench/e2e.py --loop both" + (f" --events {n_events}" if n_events != 20_000 else "")
+    cmd = "python bench/e2e.py --event-loop both" + (f" --events {n_events}" if n_events != 20_000 else "")
     write_section("loop", cmd, body)
 
 
@@ -751,16 +751,16 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=None, help="default: max(1000, events)")
     ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 for 10 s")
     ap.add_argument("--diagnose", action="store_true", help="workers with timing probes around awaits that stall")
-    ap.add_argument("--loop", choices=("uvloop", "asyncio", "both"), default=None,
+    ap.add_argument("--event-loop", choices=("uvloop", "asyncio", "both"), default=None,
                     help="the workers' event loop (NOTIFY_LOOP); 'both' runs asyncio and uvloop twice each,"
                          " alternating, and writes the 'loop' section of bench/RESULTS.md")
     ap.add_argument("--worker-shim", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_shim:
         return worker_shim(args.worker_shim)
-    if args.loop == "both":
+    if args.event_loop == "both":
         return compare_loops(args.events, args.users)
-    res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users)
+    res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users, loop=args.event_loop)
     print(json.dumps({k: v for k, v in res.__dict__.items() if k not in ("profile", "profile_incl", "probes")},
                      indent=2))
     for block in (res.profile, res.profile_incl, res.probes):

@@ -432,6 +432,9 @@ class Fit:
     per_min: float
     pct_per_min: float
     flat: bool
+    #: slope of the per-minute peaks, % of the mean per minute (the envelope of a
+    #: sawtooth: a compacted changelog doubles, is compacted, and doubles again)
+    peak_pct_per_min: float = 0.0
 
 
 def analyse(samples: list[Sample], warmup_s: float, workers: int, flat_pct: float) -> list[Fit]:
@@ -445,7 +448,14 @@ def analyse(samples: list[Sample], warmup_s: float, workers: int, flat_pct: floa
         k = slope(xs, ys)
         mean = sum(ys) / len(ys)
         pct = 100 * k / mean if mean else 0.0
-        fits.append(Fit(name, ys[0], ys[-1], mean, min(ys), max(ys), k, pct, abs(pct) < flat_pct))
+        peaks: dict[int, float] = {}
+        for x, y in zip(xs, ys):
+            m = int(x - xs[0])
+            peaks[m] = max(peaks.get(m, y), y)
+        whole = sorted(peaks)[:-1] if xs[-1] - xs[0] - int(xs[-1] - xs[0]) < 0.9 else sorted(peaks)
+        kp = slope([float(m) for m in whole], [peaks[m] for m in whole])
+        fits.append(Fit(name, ys[0], ys[-1], mean, min(ys), max(ys), k, pct, abs(pct) < flat_pct,
+                        100 * kp / mean if mean else 0.0))
     return fits
 
 
@@ -745,15 +755,17 @@ def report(res: Result, flat_pct: float) -> str:
         "",
         f"{len(res.samples)} samples every ~5 s (bench/out/{Path(res.csv).name}); slopes are least squares over"
         f" the {len(steady)} samples after the warm-up (first {res.warmup_s:.0f} s) up to the end of the feed;"
-        f" **flat** = |slope| < {flat_pct:g}% of the mean per minute.",
+        f" **flat** = |slope| < {flat_pct:g}% of the mean per minute. \"peaks\": the slope of each whole"
+        " minute's highest sample (the envelope: a changelog grows until compacted, then drops, so the fit of"
+        " the samples depends on where in that cycle the feed ends).",
         "",
-        "| series | after warm-up | end of feed | min – max | slope / min | % of mean / min | verdict |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| series | after warm-up | end of feed | min – max | slope / min | % of mean / min | peaks: % / min | verdict |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for f in res.fits:
         fmt = (lambda v: f"{v:,.1f}") if "MB" in f.name else (lambda v: f"{v:,.0f}")
         lines.append(f"| {f.name} | {fmt(f.first)} | {fmt(f.last)} | {fmt(f.lo)} – {fmt(f.hi)} | {f.per_min:+,.2f} |"
-                     f" {f.pct_per_min:+.2f}% | {'flat' if f.flat else '**grows**' if f.per_min > 0 else 'falls'} |")
+                     f" {f.pct_per_min:+.2f}% | {f.peak_pct_per_min:+.2f}% | {'flat' if f.flat else '**grows**' if f.per_min > 0 else 'falls'} |")
     lines += [
         "",
         f"Lag: at most {res.max_lag:,} entries during the feed; drained to zero: {res.drained}"

@@ -20,7 +20,7 @@ The event loop: a worker is an event loop scheduling a few callbacks and
 futures per message, and asyncio's pure-Python loop was a fifth of a worker's
 CPU in the end-to-end profile. :func:`use_fast_loop` installs uvloop (libuv,
 the loop Faust recommends) before the worker or the API creates its loop;
-``NOTIFY_LOOP=asyncio`` keeps the standard one (bench/e2e.py ``--loop`` measures
+``NOTIFY_LOOP=asyncio`` keeps the standard one (bench/e2e.py ``--event-loop both`` measures
 both in one run).
 """
 
