@@ -70,7 +70,7 @@ DAILY_KEEP_DAYS = 2
 INFLIGHT_KEEP_S = float(os.environ.get("NOTIFY_INFLIGHT_KEEP_S", "3600"))
 DONE_STATES = ("ACCEPTED", "DELIVERED", "FAILED", "REVIEW", "FILTERED")
 #: tombstones sent by the purge before it waits for them to be written
-PURGE_CHUNK = 500
+PURGE_CHUNK = int(os.environ.get("NOTIFY_PURGE_CHUNK", "500"))
 
 
 @app.timer(PURGE_EVERY_S)

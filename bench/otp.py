@@ -483,6 +483,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="sanity check: 20,000 backlog, 10 s windows, "
                     "batches 10,500, 1,000 users; writes nothing to RESULTS.md")
     ap.add_argument("--no-write", action="store_true", help="print, do not write bench/RESULTS.md")
+    ap.add_argument("--section", default="otp", help="section of bench/RESULTS.md to write (e.g. otp-full for"
+                    " --backlog 1000000, kept next to the default curve)")
     ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 during every window")
     ap.add_argument("--worker-shim", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -518,10 +520,11 @@ def main() -> None:
         command = "python bench/otp.py" + "".join(
             f" --{k.replace('_', '-')} {getattr(args, k):g}" if isinstance(v, float) else
             f" --{k.replace('_', '-')} {getattr(args, k)}"
-            for k, v in defaults.items() if getattr(args, k) != v) + (" --profile" if args.profile else "")
+            for k, v in defaults.items() if getattr(args, k) != v) + (" --profile" if args.profile else "") + (
+            f" --section {args.section}" if args.section != "otp" else "")
         from bench.results import write_section
 
-        write_section("otp", command, body)
+        write_section(args.section, command, body)
 
 
 if __name__ == "__main__":

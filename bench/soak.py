@@ -31,7 +31,7 @@ fakes remember every delivery they accepted (adapters/fake.py ``calls`` and
 workers run through a shim that caps those two dicts at the latest 2,000 entries
 (``--full-fake-ledger`` turns the cap off), so the worker's RSS is the pipeline's.
 The cap must be reached within the warm-up: with 20,000 the six dicts of a worker
-grew by ~2,900 entries a minute each for seven minutes, which was the whole
+grew by ~2,900 entries a minute each for seven minutes, which accounted for the
 "+2-4 MB/min" a 10-minute soak measured (found with SOAK_TYPES, below).
 
 Where a worker's memory grows: ``SOAK_TYPES=<file>`` (live objects by type and

@@ -16,12 +16,13 @@ event, futures) that die young, and CPython's default first-generation threshold
 (700 allocations) runs a collection every few dozen events. :func:`tune_gc`
 raises it; what is alive at start is frozen out of the collections.
 
-The event loop: a worker is an event loop scheduling a few callbacks and
-futures per message, and asyncio's pure-Python loop was a fifth of a worker's
-CPU in the end-to-end profile. :func:`use_fast_loop` installs uvloop (libuv,
-the loop Faust recommends) before the worker or the API creates its loop;
-``NOTIFY_LOOP=asyncio`` keeps the standard one (bench/e2e.py ``--event-loop both`` measures
-both in one run).
+The event loop: a worker schedules a few callbacks and futures per message,
+and asyncio's loop (with the selector) was a quarter of a worker's own time in
+the end-to-end profile. :func:`use_fast_loop` installs uvloop (libuv, the loop
+Faust recommends) before the worker or the API creates its loop;
+``NOTIFY_LOOP=asyncio`` keeps the standard one. Measured with
+``bench/e2e.py --event-loop both`` (bench/RESULTS.md "loop"): a few % less
+worker CPU per notification, within this machine's run-to-run noise.
 """
 
 import gc

@@ -115,10 +115,10 @@ async def compact_partition(
 ) -> Plan:
     """Compact one changelog partition; ``plan.doomed`` is what was deleted.
 
-    Read ``chunk`` entries per XRANGE and keep only their ids, keys and times:
-    a reply holds the values too, and 10,000 of them decoded at once were a
-    ~20 MB spike every few compactions, which the allocator kept as RSS
-    (the soak's worker RSS rose in such steps)."""
+    Reads ``chunk`` entries per XRANGE and keeps only their ids, keys and times:
+    a reply holds the values too, and a worker's memory peaks (which the
+    allocator tends to keep as RSS) should stay small; 10,000 decoded entries
+    are several MB."""
     stream = keys.stream(topic, partition)
     entries: list[Entry] = []
     start: bytes | str = "-"

@@ -31,3 +31,33 @@ def test_inflight_marks_of_done_deliveries_are_purged(redis_url, tmp_path):
         wait_until(tombstoned, 30, 0.3, "an inflight tombstone")
     finally:
         pipe.stop()
+
+
+def test_purge_in_chunks_tombstones_every_expired_mark(redis_url, tmp_path):
+    """A purge larger than its chunk (NOTIFY_PURGE_CHUNK=7) waits between chunks
+    and still deletes every expired mark, on the right partition."""
+    n = 40
+    pipe = Pipeline(redis_url, tmp_path, NOTIFY_PURGE_EVERY_S="2", NOTIFY_INFLIGHT_KEEP_S="0",
+                    NOTIFY_PURGE_CHUNK="7")
+    try:
+        users = [f"pc{i}" for i in range(n)]
+        pipe.preferences([{"user_id": u, "phone": f"+1555000{i:04d}", "version": 1} for i, u in enumerate(users)])
+        pipe.start()
+        pipe.events([{"biz_key": f"chunk:{i}", "category": "otp", "template": "otp", "channels": ["sms"],
+                      "recipients": [u], "params": {"code": "1"}} for i, u in enumerate(users)])
+        pipe.wait_rows(lambda rows: sum(1 for (b, _u, _c), row in rows.items()
+                                        if b.startswith("chunk:") and row.get("status") == "ACCEPTED") == n,
+                       60, "all accepted")
+        r = redis.Redis.from_url(redis_url)
+        dids = {delivery_id(f"chunk:{i}", u, "sms").encode() for i, u in enumerate(users)}
+
+        def all_tombstoned():
+            last: dict = {}  # key -> {partition: its last entry has a value}
+            for p in range(PARTITIONS):
+                for _id, f in r.xrange(f"nfs:{{notify-inflight-changelog|{p}}}:s"):
+                    last.setdefault(f.get(b"k", b"").strip(b'"'), {})[p] = b"v" in f
+            return all(k in last and not any(last[k].values()) for k in dids)
+
+        wait_until(all_tombstoned, 30, 0.3, "a tombstone for every mark")
+    finally:
+        pipe.stop()
