@@ -41,7 +41,7 @@ def test_purge_in_chunks_tombstones_every_expired_mark(redis_url, tmp_path):
                     NOTIFY_PURGE_CHUNK="7")
     try:
         users = [f"pc{i}" for i in range(n)]
-        pipe.preferences([{"user_id": u, "phone": f"+1555000{i:04d}", "version": 1} for i, u in enumerate(users)])
+        pipe.preferences([{"user_id": u, "phone": f"+1555002{i + 100:04d}", "version": 1} for i, u in enumerate(users)])
         pipe.start()
         pipe.events([{"biz_key": f"chunk:{i}", "category": "otp", "template": "otp", "channels": ["sms"],
                       "recipients": [u], "params": {"code": "1"}} for i, u in enumerate(users)])
