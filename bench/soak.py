@@ -452,7 +452,9 @@ def analyse(samples: list[Sample], warmup_s: float, workers: int, flat_pct: floa
         for x, y in zip(xs, ys):
             m = int(x - xs[0])
             peaks[m] = max(peaks.get(m, y), y)
-        whole = sorted(peaks)[:-1] if xs[-1] - xs[0] - int(xs[-1] - xs[0]) < 0.9 else sorted(peaks)
+        span = xs[-1] - xs[0]
+        # the last minute counts only if it is (nearly) whole
+        whole = sorted(peaks) if span - int(span) >= 0.9 else sorted(peaks)[:-1]
         kp = slope([float(m) for m in whole], [peaks[m] for m in whole])
         fits.append(Fit(name, ys[0], ys[-1], mean, min(ys), max(ys), k, pct, abs(pct) < flat_pct,
                         100 * kp / mean if mean else 0.0))

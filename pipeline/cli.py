@@ -334,13 +334,13 @@ def cmd_api(args) -> int:
     """``notify api`` serves the HTTP API (pipeline/api); ``notify keys add|ls|rm``
     manages its API keys (the key itself is printed once, only its hash is kept)."""
     from pipeline.api import auth, serve
-    from pipeline.lean import use_fast_loop
-
-    use_fast_loop()
     settings = _settings()
     keys_path = args.keys or os.path.join(settings.data_dir, "api_keys.json")
     try:
         if args.cmd == "api":
+            from pipeline.lean import use_fast_loop
+
+            use_fast_loop()  # the server's loop; `keys` needs none
             serve(host=args.host, port=args.port, settings=settings, broker_url=broker_url(settings),
                   keys_path=keys_path)
         elif args.action == "add":

@@ -9,6 +9,16 @@ from tests.transport.helpers import wait_until
 from .harness import PARTITIONS, Pipeline
 
 
+def tombstoned(r: redis.Redis, dids: set[bytes]) -> bool:
+    """Every delivery id in ``dids`` has inflight changelog entries, and on each
+    partition that holds it the last one is a tombstone (no value)."""
+    last: dict = {}  # key -> {partition: its last entry has a value}
+    for p in range(PARTITIONS):
+        for _id, f in r.xrange(f"nfs:{{notify-inflight-changelog|{p}}}:s"):
+            last.setdefault(f.get(b"k", b"").strip(b'"'), {})[p] = b"v" in f
+    return all(k in last and not any(last[k].values()) for k in dids)
+
+
 def test_inflight_marks_of_done_deliveries_are_purged(redis_url, tmp_path):
     pipe = Pipeline(redis_url, tmp_path, NOTIFY_PURGE_EVERY_S="1", NOTIFY_INFLIGHT_KEEP_S="0")
     try:
@@ -17,18 +27,9 @@ def test_inflight_marks_of_done_deliveries_are_purged(redis_url, tmp_path):
         pipe.events([{"biz_key": "purge:1", "category": "otp", "template": "otp", "channels": ["sms"],
                       "recipients": ["pg1"], "params": {"code": "1"}}])
         pipe.wait_rows(lambda r: r.get(("purge:1", "pg1", "sms"), {}).get("status") == "ACCEPTED", 60, "accepted")
-        did = delivery_id("purge:1", "pg1", "sms").encode()
         r = redis.Redis.from_url(redis_url)
-
-        def tombstoned():
-            for p in range(PARTITIONS):
-                entries = [f for _id, f in r.xrange(f"nfs:{{notify-inflight-changelog|{p}}}:s")]
-                mine = [f for f in entries if f.get(b"k", b"").strip(b'"') == did]
-                if mine and b"v" not in mine[-1]:
-                    return True
-            return False
-
-        wait_until(tombstoned, 30, 0.3, "an inflight tombstone")
+        did = delivery_id("purge:1", "pg1", "sms").encode()
+        wait_until(lambda: tombstoned(r, {did}), 30, 0.3, "an inflight tombstone")
     finally:
         pipe.stop()
 
@@ -50,14 +51,6 @@ def test_purge_in_chunks_tombstones_every_expired_mark(redis_url, tmp_path):
                        60, "all accepted")
         r = redis.Redis.from_url(redis_url)
         dids = {delivery_id(f"chunk:{i}", u, "sms").encode() for i, u in enumerate(users)}
-
-        def all_tombstoned():
-            last: dict = {}  # key -> {partition: its last entry has a value}
-            for p in range(PARTITIONS):
-                for _id, f in r.xrange(f"nfs:{{notify-inflight-changelog|{p}}}:s"):
-                    last.setdefault(f.get(b"k", b"").strip(b'"'), {})[p] = b"v" in f
-            return all(k in last and not any(last[k].values()) for k in dids)
-
-        wait_until(all_tombstoned, 30, 0.3, "a tombstone for every mark")
+        wait_until(lambda: tombstoned(r, dids), 30, 0.3, "a tombstone for every mark")
     finally:
         pipe.stop()
