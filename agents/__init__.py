@@ -1,19 +1,25 @@
 """Agents: thin async loops that read a stream, call the rules, and send.
 
-    expand     notify.events   → notify.intents.<priority> (and notify.dlq)
+    expand     notify.events, notify.events.high → notify.intents.<priority> (and notify.dlq)
     guard.*    notify.intents.<priority> → outcomes, lanes, timers
     lane.*     notify.send.<channel>.<priority> → providers → outcomes, timers, dlq
     scheduler  notify.timers   → intents / lanes when due
     records    notify.outcomes → SQLite record store
     receipts   notify.receipts → DELIVERED / UNDELIVERED
     preferences, devices       → the user tables
+
+A worker runs the agents of its role (``NOTIFY_ROLE``, pipeline/roles.py): all of
+them by default, or the high-priority path apart from the rest.
 """
 
 from . import expand, guard, lanes, receipts, scheduler, sink, users  # noqa: F401
-from pipeline import runtime  # noqa: E402
+from pipeline import roles, runtime  # noqa: E402
 from pipeline.app import app  # noqa: E402
 
 __all__ = ["app"]
+
+for _name in [n for n in app.agents if not roles.runs(n)]:
+    del app.agents[_name]
 
 
 @app.on_before_shutdown.connect

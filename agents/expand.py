@@ -1,10 +1,18 @@
-"""expand: notify.events (raw bytes) → validate → one Intent per recipient, keyed by
-user_id on notify.intents.<priority>. Bad input goes to notify.dlq with the reason."""
+"""expand: notify.events and notify.events.high (raw bytes) → validate → one Intent
+per recipient, keyed by user_id on notify.intents.<priority>. Bad input goes to
+notify.dlq with the reason.
+
+Two agents, one per topic: ``expand`` and ``expand.high``. The API writes events of
+high-priority categories to notify.events.high, so a marketing campaign of a
+million events in notify.events never stands in front of an OTP (that topic is
+read apart from all others: pipeline/transport/priority.py). An event on either
+topic is planned by its own category's priority."""
 
 import time
 
 from pipeline import metrics
-from pipeline.app import app, events_topic, intents_topics, renderer, settings
+from pipeline.fair import turns_for
+from pipeline.app import app, events_topics, intents_topics, renderer, settings
 from pipeline.ids import notification_id
 from pipeline.models import Intent
 from pipeline.rules.validate import InvalidEvent, parse_event
@@ -12,9 +20,10 @@ from pipeline.rules.validate import InvalidEvent, parse_event
 from . import emit
 
 
-@app.agent(events_topic, name="expand")
 async def expand(stream):
+    turn = turns_for(stream)
     async for event in stream.events():
+        await turn()
         metrics.events_in.inc()
         raw = event.value
         try:
@@ -40,3 +49,6 @@ async def expand(stream):
                 send_at=ev.send_at,
                 accepted_at=accepted,
             ))
+
+
+expanders = [app.agent(topic, name=name)(expand) for topic, name in zip(events_topics, ("expand", "expand.high"))]

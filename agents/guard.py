@@ -11,6 +11,7 @@ import logging
 import os
 
 from pipeline import clock
+from pipeline.fair import turns_for
 from pipeline.app import app, intents_topics, renderer, settings
 from pipeline.rules.guard import dedup_expired
 from pipeline.rules.plan import plan_intent
@@ -23,7 +24,9 @@ log = logging.getLogger(__name__)
 
 
 async def guard(stream):
+    turn = turns_for(stream)
     async for event in stream.events():
+        await turn()
         intent = event.value
         offset = event.message.offset
         now = clock.now()

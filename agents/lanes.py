@@ -1,8 +1,9 @@
 """One sender agent per channel × priority lane (notify.send.<channel>.<priority>).
 
 Lanes are separate topics consumed independently, so a marketing backlog on a
-low lane never waits in front of an OTP on a high one. Each agent takes a batch,
-marks every delivery "calling" in the inflight table (durably, before any
+low lane never waits in front of an OTP on a high one (the high topics are also
+fetched and written apart: pipeline/transport/priority.py). Each agent takes what
+its stream has ready, up to the lane's batch size (pipeline/take.py), marks every delivery "calling" in the inflight table (durably, before any
 provider call), calls the providers concurrently, and turns results into
 outcomes, retries (on the timer topic) and dead letters via pipeline/rules/attempts.
 """
@@ -20,6 +21,8 @@ from pipeline.rules.attempts import after_query, after_send
 from pipeline.rules.channels import is_unsubscribed
 from pipeline.rules.plan import outcome
 from pipeline.store import InboxItem
+from pipeline.fair import turns_for
+from pipeline.take import take_ready
 from pipeline.transport import ProducerFenced
 from tables import inflight, preferences, put
 
@@ -112,7 +115,8 @@ def make_lane(channel: str, priority: str):
     batch_size = settings.lane_batch_size(channel, priority)
 
     async def lane(stream):
-        async for events in stream.take_events(batch_size, within=0.002):
+        turn = turns_for(stream)
+        async for events in take_ready(stream, batch_size):
             disp = await runtime.dispatcher()
             todo: dict[str, tuple] = {}
             marks = []
@@ -151,6 +155,7 @@ def make_lane(channel: str, priority: str):
             if inbox:
                 await _add_inbox(inbox)
             for (partition, d, _u), s in zip(todo.values(), steps):
+                await turn()
                 if s.inbox:
                     s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
                                               provider="inbox", provider_msg_id=d.delivery_id,

@@ -12,7 +12,7 @@ happens inside the agent, in partition order.
 import heapq
 import time
 
-from pipeline import clock, metrics
+from pipeline import clock, metrics, roles
 from pipeline.app import app, intents_topics, timers_topic
 from pipeline.models import Delivery, Intent, Receipt, State, Timer
 from tables import timers
@@ -54,7 +54,6 @@ async def _on_rebalance(sender, **kwargs) -> None:
     _rebuild = True
 
 
-@app.timer(0.1)
 async def fire_due() -> None:
     global _rebuild, _heap
     if _rebuild and app.tables.recovery.completed.is_set():
@@ -90,3 +89,7 @@ async def poll_receipt(payload: dict) -> None:
     if q.status in (State.DELIVERED, State.UNDELIVERED):
         await emit.outcomes([outcome(d, d.channel, q.status, time.time(), reason="polled", provider=provider.name,
                                      provider_msg_id=q.provider_msg_id)])
+
+
+if roles.runs("scheduler"):  # not in the priority role (pipeline/roles.py): the timers are main's
+    app.timer(0.1)(fire_due)

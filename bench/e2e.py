@@ -171,22 +171,23 @@ def tree_cpu(pid: int) -> float:
 class Lag:
     """Highwater and committed offset of every consumed topic-partition."""
 
-    def __init__(self, r, topics: list[str]):
+    def __init__(self, r, topics: list[str], group: str = GROUP):
         self.r = r
+        self.group = group
         self.keys = Keys()
         self.tps = [(t, p) for t in topics for p in range(PARTITIONS)]
 
     def total(self) -> tuple[int, int]:
         pipe = self.r.pipeline(transaction=False)
         pipe.mget([self.keys.counter(t, p) for t, p in self.tps])
-        pipe.hmget(self.keys.offsets(GROUP), [self.keys.tp_field(t, p) for t, p in self.tps])
+        pipe.hmget(self.keys.offsets(self.group), [self.keys.tp_field(t, p) for t, p in self.tps])
         hw, cm = pipe.execute()
         return sum(int(x or 0) for x in hw), sum(int(x or 0) for x in cm)
 
     def per_topic(self) -> dict[str, tuple[int, int]]:
         pipe = self.r.pipeline(transaction=False)
         pipe.mget([self.keys.counter(t, p) for t, p in self.tps])
-        pipe.hmget(self.keys.offsets(GROUP), [self.keys.tp_field(t, p) for t, p in self.tps])
+        pipe.hmget(self.keys.offsets(self.group), [self.keys.tp_field(t, p) for t, p in self.tps])
         hw, cm = pipe.execute()
         out: dict[str, list[int]] = {}
         for (t, _p), a, b in zip(self.tps, hw, cm):

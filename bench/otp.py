@@ -17,7 +17,8 @@ in-process fake providers at zero latency, ``bench_config`` of bench/e2e.py):
   once expand has consumed them all, i.e. the backlog sits in
   ``notify.intents.low`` / ``notify.send.email.low`` (the lanes drained part of it
   meanwhile: "backlog left" in the table says what remained at the window's end);
-* OTP events (sms) are written one at a time at ``--rate`` per second through the
+* OTP events (sms) are written one at a time at ``--rate`` per second to
+  ``notify.events.high`` (where the API writes high-priority categories) through the
   API's own write path (``pipeline.api.producer.TopicWriter``, the Lua PRODUCE the
   API runs before answering 202), ``accepted_at`` stamped just before the write as
   the API does; for ``--window`` s, or until the backlog is drained.
@@ -55,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from bench.e2e import (  # noqa: E402
     PARTITIONS, WORKERS, Lag, Workers, cpu_seconds, machine_busy, summarize_inclusive, summarize_raw, wait)
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.topics import EVENTS, PREFERENCES  # noqa: E402
+from pipeline.topics import EVENTS, PREFERENCES, events_for  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
 OTP_PREFIX = "otpb:"
@@ -170,22 +171,27 @@ def worker_shim(out: str) -> None:
 class ShimWorkers(Workers):
     """bench/e2e.py's workers, run through this module's shim."""
 
-    def __init__(self, url: str, tmp: Path, extra_config: str):
+    def __init__(self, url: str, tmp: Path, extra_config: str, priority_worker: bool = False):
         super().__init__(url, tmp)
+        #: roles of the processes: WORKERS of "all", or WORKERS of "main" and one "priority"
+        self.roles = ["main"] * WORKERS + ["priority"] if priority_worker else ["all"] * WORKERS
         if self.config is None:
             self.config = tmp / "bench-config.toml"
             self.config.write_text("")
             self.env["NOTIFY_CONFIG"] = str(self.config)
         self.config.write_text(self.config.read_text() + extra_config)
-        self.outs = [OUT / f"otp-probes-w{i}.jsonl" for i in range(WORKERS)]
+        self.outs = [OUT / f"otp-probes-w{i}.jsonl" for i in range(len(self.roles))]
 
     def start(self, tag: str) -> None:
-        for i in range(WORKERS):
+        for i, role in enumerate(self.roles):
             self.outs[i].unlink(missing_ok=True)
             log = open(OUT / f"otp-{tag}-w{i}.log", "w")
+            env = dict(self.env, NOTIFY_WORKER_INDEX=str(i), NOTIFY_ROLE=role)
+            if role == "priority":  # a group of its own, every partition in this one process
+                env.update(NOTIFY_WORKERS="1", NOTIFY_WORKER_INDEX="0")
             self.procs.append(subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--worker-shim", str(self.outs[i])], cwd=str(ROOT),
-                env=dict(self.env, NOTIFY_WORKER_INDEX=str(i)), stdout=log, stderr=subprocess.STDOUT))
+                env=env, stdout=log, stderr=subprocess.STDOUT))
 
     def check(self) -> None:
         for i, p in enumerate(self.procs):
@@ -285,7 +291,8 @@ async def otp_load(url: str, rate: float, window: float, users: int, drained, p:
 
     client = aioredis.Redis.from_url(url)
     writer = TopicWriter(client, Keys(), PARTITIONS)
-    await writer.partitions(EVENTS)
+    topic = events_for("high")  # where the API writes an OTP (pipeline/api/app.py topic_for)
+    await writer.partitions(topic)
     rng = random.Random(3)
     loop = asyncio.get_running_loop()
     start_wall, start = time.time(), loop.time()
@@ -308,7 +315,7 @@ async def otp_load(url: str, rate: float, window: float, users: int, drained, p:
             ev = {"biz_key": f"{OTP_PREFIX}{i}", "category": "otp", "template": "otp", "channels": ["sms"],
                   "recipients": [user], "params": {"code": f"{rng.randrange(10**6):06d}"}}
             ev["accepted_at"] = p.accepted[ev["biz_key"]] = time.time()
-            await writer.send([(EVENTS, ev["biz_key"].encode(), orjson.dumps(ev), [])])
+            await writer.send([(topic, ev["biz_key"].encode(), orjson.dumps(ev), [])])
             i += 1
     finally:
         p.sent = i
@@ -318,7 +325,7 @@ async def otp_load(url: str, rate: float, window: float, users: int, drained, p:
 
 
 def run_point(label: str, batch_low: Optional[int], backlog: int, *, rate: float, window: float, users: int,
-              profile: bool = False, log=print) -> Point:
+              profile: bool = False, priority_worker: bool = False, log=print) -> Point:
     import redis
 
     p = Point(label, batch_low, backlog, rate)
@@ -330,15 +337,16 @@ def run_point(label: str, batch_low: Optional[int], backlog: int, *, rate: float
     with tempfile.TemporaryDirectory(prefix="notify-otp-") as tmpdir:
         tmp = Path(tmpdir)
         server = EmbeddedRedis(tmp / "redis").start()
-        workers = ShimWorkers(server.url, tmp, extra)
+        workers = ShimWorkers(server.url, tmp, extra, priority_worker)
         r = redis.Redis.from_url(server.url)
         try:
             asyncio.run(produce_async(server.url, PREFERENCES, make_users(users), partitions=PARTITIONS))
             workers.start("run")
             pids = {f"worker {i}": pr.pid for i, pr in enumerate(workers.procs)}
             pids["redis"] = server.proc.pid
-            wait(lambda: (lambda hw, cm: hw and hw == cm)(*Lag(r, [PREFERENCES]).total()), 180,
-                 "preferences applied", workers.check, 0.2)
+            for group in ["notify"] + (["notify-priority"] if priority_worker else []):
+                wait(lambda: (lambda hw, cm: hw and hw == cm)(*Lag(r, [PREFERENCES], group).total()), 180,
+                     "preferences applied", workers.check, 0.2)
             log(f"otp[{label}]: workers up, {users} users applied")
             events_lag = Lag(r, [EVENTS])
             if backlog:
@@ -427,9 +435,12 @@ def report(idle: Point, curve: list[Point], args, default_batch: int) -> str:
         f"Machine: {os.cpu_count()} cores. Embedded valkey-server (AOF everysec), {WORKERS} workers, {PARTITIONS} "
         "partitions, in-process fake providers at zero latency, provider token buckets lifted (`bench_config` of "
         "bench/e2e.py). OTP events (category otp, sms, one recipient) written one at a time at "
-        f"{args.rate:g}/s through the API's write path (`TopicWriter`, the Lua PRODUCE the API runs before its "
-        "202), `accepted_at` stamped just before the write; latency = provider call (fake `send` entered, "
-        "timestamped in the worker) − `accepted_at`. The HTTP hop itself is measured by bench/ingest.py.",
+        f"{args.rate:g}/s to `notify.events.high` through the API's write path (`TopicWriter`, the Lua PRODUCE the "
+        "API runs before its 202; the API writes high-priority categories there), `accepted_at` stamped just before the write; latency = provider call (fake `send` entered, "
+        "timestamped in the worker) − `accepted_at`. The HTTP hop itself is measured by bench/ingest.py."
+        + (" **Priority worker**: the two workers run `NOTIFY_ROLE=main` and a third process runs the high-priority "
+           "path (`NOTIFY_ROLE=priority`: expand.high, guard.high, lane.*.high; pipeline/roles.py)."
+           if args.priority_worker else ""),
         "",
         f"(b): a backlog of **{args.backlog:,} marketing events** (one recipient, e-mail only: one low-lane delivery "
         "each; marketing's daily limit lifted for the run) written to `notify.events` first; the window starts once "
@@ -438,11 +449,12 @@ def report(idle: Point, curve: list[Point], args, default_batch: int) -> str:
         f"(config/defaults.toml; unset = the channel's `lane_batch_size`, {default_batch}).",
         "",
         "| run | low-lane batch | window s | OTPs sent / called | OTP p50 ms | p99 ms | max ms "
-        "| marketing drained /s | backlog left | CPU w0 / w1 / redis s | other CPU s |",
+        "| marketing drained /s | backlog left | CPU w0 / w1" + (" / priority" if args.priority_worker else "")
+        + " / redis s | other CPU s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in [idle, *curve]:
-        cpu = " / ".join(f"{p.cpu.get(k, 0):.0f}" for k in ("worker 0", "worker 1", "redis"))
+        cpu = " / ".join(f"{p.cpu.get(k, 0):.0f}" for k in p.cpu)
         lines.append(
             f"| {p.label} | {p.batch_low or f'{default_batch} (default)'} | {p.window_s:.0f} | {p.sent} / {p.called} "
             f"| {_ms(pct(p.lat_ms, 50))} | **{_ms(pct(p.lat_ms, 99))}** | {_ms(max(p.lat_ms or [float('nan')]))} "
@@ -486,6 +498,9 @@ def main() -> None:
     ap.add_argument("--section", default="otp", help="section of bench/RESULTS.md to write (e.g. otp-full for"
                     " --backlog 1000000, kept next to the default curve)")
     ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 during every window")
+    ap.add_argument("--priority-worker", action="store_true",
+                    help="the high-priority path in a third process (NOTIFY_ROLE=priority beside two 'main' workers, "
+                         "pipeline/roles.py) instead of two workers running everything")
     ap.add_argument("--worker-shim", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_shim:
@@ -503,7 +518,7 @@ def main() -> None:
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
-    kw = dict(rate=args.rate, users=args.users, profile=args.profile, log=log)
+    kw = dict(rate=args.rate, users=args.users, profile=args.profile, priority_worker=args.priority_worker, log=log)
     idle = run_point("(a) idle", None, 0, window=args.idle_window, **kw)
     log(f"idle: p50 {pct(idle.lat_ms, 50):.1f} p99 {pct(idle.lat_ms, 99):.1f} max {max(idle.lat_ms or [0]):.1f} ms")
     curve = []
@@ -521,6 +536,7 @@ def main() -> None:
             f" --{k.replace('_', '-')} {getattr(args, k):g}" if isinstance(v, float) else
             f" --{k.replace('_', '-')} {getattr(args, k)}"
             for k, v in defaults.items() if getattr(args, k) != v) + (" --profile" if args.profile else "") + (
+            " --priority-worker" if args.priority_worker else "") + (
             f" --section {args.section}" if args.section != "otp" else "")
         from bench.results import write_section
 

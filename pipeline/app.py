@@ -12,7 +12,7 @@ import faust
 
 from config.settings import load_settings
 
-from . import redact
+from . import redact, roles
 from . import topics as T
 from .entries import checked_topic
 from .lean import lean_sensors
@@ -41,7 +41,7 @@ def broker_url() -> str:
 
 
 app = faust.App(
-    "notify",
+    roles.app_id(),  # "notify", or "notify-priority" for NOTIFY_ROLE=priority (pipeline/roles.py)
     broker=broker_url(),
     store="memory-ordered://",
     topic_partitions=settings.partitions,
@@ -55,8 +55,12 @@ app = faust.App(
     Table=CachedTable,  # changelog writes coalesced per key until the next commit
 )
 lean_sensors(app)  # Faust's Monitor off the per-event path (pipeline/lean.py)
+app.priority_topics = T.PRIORITY  # their own fetch loop and producer queue (pipeline/transport/priority.py)
 
-events_topic = app.topic(T.EVENTS, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")
+events_topics = [
+    app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")
+    for name in (T.EVENTS, T.EVENTS_HIGH)
+]
 dlq_topic = app.topic(T.DLQ, key_type=str, value_type=DeadLetter)
 
 

@@ -1,7 +1,7 @@
 """``notify``: the command line.
 
     notify run [--workers N]     embedded server (unless REDIS_URL) + worker(s)
-    notify worker                one worker against REDIS_URL / the running embedded server
+    notify worker [--role R]     one worker against REDIS_URL / the running embedded server
     notify send ...              one event from flags or --json
     notify outcomes tail         print the outcome stream
     notify dlq ls                list dead letters
@@ -127,6 +127,8 @@ def stop_all(procs: list, server: Any = None, timeout: float = 30.0) -> None:
 
 
 def cmd_worker(args) -> int:
+    if getattr(args, "role", None):
+        os.environ["NOTIFY_ROLE"] = args.role  # read when pipeline.app is imported below
     settings = _settings()
     os.environ.setdefault("NOTIFY_BROKER", broker_url(settings))
     os.makedirs(os.path.join(settings.data_dir, "worker"), exist_ok=True)
@@ -178,9 +180,16 @@ async def _send_raw(url: str, topic: str, items: list[tuple[bytes, bytes]]) -> N
 async def _send_events(url: str, events: list[dict]) -> None:
     import orjson
 
-    from pipeline.topics import EVENTS
+    from pipeline.topics import events_for
 
-    await _send_raw(url, EVENTS, [(e["biz_key"].encode(), orjson.dumps(e)) for e in events])
+    settings = _settings()
+    by_topic: dict[str, list] = {}
+    for e in events:
+        cat = settings.categories.get(e["category"]) if isinstance(e.get("category"), str) else None
+        topic = events_for(e.get("priority") or (cat.priority if cat else ""))
+        by_topic.setdefault(topic, []).append((e["biz_key"].encode(), orjson.dumps(e)))
+    for topic, items in by_topic.items():
+        await _send_raw(url, topic, items)
 
 
 def cmd_demo(args) -> int:
@@ -373,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=cmd_run)
     w = sub.add_parser("worker", help="one worker")
     w.add_argument("-l", "--loglevel", default="warn")
+    w.add_argument("--role", choices=["all", "main", "priority"],
+                   help="agents to run (NOTIFY_ROLE; default all): 'priority' runs the high-priority path in a "
+                        "process of its own, beside 'main' workers (pipeline/roles.py)")
     w.set_defaults(fn=cmd_worker)
     s = sub.add_parser("send", help="send one event")
     s.add_argument("--json", help="the event as JSON, or @file")

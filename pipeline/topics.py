@@ -4,6 +4,7 @@ agent reading any of them finds the user's tables in its own partitions."""
 from config.settings import CHANNELS, PRIORITIES
 
 EVENTS = "notify.events"  # raw producer bytes, key biz_key
+EVENTS_HIGH = "notify.events.high"  # the same, for high-priority categories (the API writes them here)
 INTENTS = "notify.intents"  # prefix: notify.intents.<priority>, Intent, key user_id
 OUTCOMES = "notify.outcomes"  # Outcome, key user_id: every state change
 TIMERS = "notify.timers"  # Timer, key user_id: delayed and retried work
@@ -11,6 +12,12 @@ RECEIPTS = "notify.receipts"  # Receipt, key provider_msg_id
 DLQ = "notify.dlq"  # DeadLetter
 PREFERENCES = "notify.preferences"  # Preferences, key user_id
 DEVICES = "notify.devices"  # DeviceUpdate, key user_id
+
+
+def events_for(priority: str) -> str:
+    """The topic an event of ``priority`` is written to: notify.events.high for high,
+    notify.events for the rest (both are read by expand)."""
+    return EVENTS_HIGH if priority == "high" else EVENTS
 
 
 def intents(priority: str) -> str:
@@ -29,5 +36,9 @@ def lane(channel: str, priority: str) -> str:
 
 LANES = [(c, p) for c in CHANNELS for p in PRIORITIES]
 
+#: read and written apart from every other topic (pipeline/transport/priority.py): a
+#: low-priority backlog in any stream never stands in front of an OTP
+PRIORITY = frozenset([EVENTS_HIGH, intents("high")] + [lane(c, "high") for c in CHANNELS])
+
 USER_KEYED = INTENT_TOPICS + [OUTCOMES, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
-ALL = [EVENTS, RECEIPTS, DLQ] + USER_KEYED
+ALL = [EVENTS, EVENTS_HIGH, RECEIPTS, DLQ] + USER_KEYED

@@ -67,6 +67,7 @@ events_duplicate = Counter(
 )
 
 GROUP = "notify"  # the Faust app id = consumer group
+PRIORITY_GROUP = "notify-priority"  # NOTIFY_ROLE=priority (pipeline/roles.py)
 
 
 def agent_of(topic: str) -> str:
@@ -77,6 +78,7 @@ def agent_of(topic: str) -> str:
         return "guard." + topic[len(T.INTENTS) + 1:]
     return {
         T.EVENTS: "expand",
+        T.EVENTS_HIGH: "expand.high",
         T.INTENTS: "guard",
         T.OUTCOMES: "records",
         T.TIMERS: "scheduler",
@@ -187,6 +189,7 @@ class LagSampler:
         keys = self.keys
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(keys.offsets(self.group))
+        pipe.hgetall(keys.offsets(PRIORITY_GROUP))
         order = []
         for topic, n in counts.items():
             for p in range(n):
@@ -196,8 +199,16 @@ class LagSampler:
         committed_raw = {
             (k.decode() if isinstance(k, bytes) else k): v for k, v in (res[0] or {}).items()
         }
-        hw = {tp: _int(v) for tp, v in zip(order, res[1:])}
+        priority_raw = {
+            (k.decode() if isinstance(k, bytes) else k): v for k, v in (res[1] or {}).items()
+        }
+        hw = {tp: _int(v) for tp, v in zip(order, res[2:])}
         cm = {tp: _int(committed_raw.get(keys.tp_field(*tp))) for tp in order}
+        for tp in order:
+            # the high-priority path may run as a group of its own (pipeline/roles.py);
+            # only one of the two groups reads these topics in a deployment
+            if tp[0] in T.PRIORITY:
+                cm[tp] = max(cm[tp], _int(priority_raw.get(keys.tp_field(*tp))))
 
         # the oldest unprocessed entry of every partition that lags
         lagging = [tp for tp in order if hw[tp] > cm[tp]]

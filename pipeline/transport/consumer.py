@@ -22,6 +22,7 @@ from .compactor import Schedule, compact_partition
 from .drain import FastDrain
 from .keys import after_id, offset_of
 from .ownership import SlotLeases
+from .priority import MAIN, PRIORITY, priority_topics
 from .retention import READER_TTL_S, Horizons, trim_horizon, trim_partition
 from .scripts import COMMIT, SET_FENCE
 
@@ -94,8 +95,8 @@ class Consumer(FastDrain, base.Consumer):
         self._commit_script: Any = None
         self._fence_script: Any = None
         self._key_slot: dict[str, int] = {}
-        self._reads: dict[int, _Read] = {}
-        self._batch_stamp: tuple[int, int] = (-1, -1)
+        self._reads: dict[str, dict[int, _Read]] = {}  # lane -> hash slot -> outstanding read
+        self._batch_stamps: dict[str, tuple[int, int]] = {}  # lane -> (epoch, generation) of its last batch
         self._replaced: set[Any] = set()
         opts = transport.options
         self._compaction = Schedule()
@@ -113,6 +114,7 @@ class Consumer(FastDrain, base.Consumer):
         self._init_drain()
         super().__init__(transport, *args, **kwargs)
         self._max_records = self.app.conf.broker_max_poll_records or 1000
+        self._priority_topics = priority_topics(self.app)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -391,10 +393,21 @@ class Consumer(FastDrain, base.Consumer):
     # -- fetching ----------------------------------------------------------
 
     async def _getmany(self, active_partitions: Optional[Set[TP]], timeout: float) -> Mapping[TP, list]:
+        """Faust's fetch: every assigned partition except the priority topics', which
+        the priority drain reads (:meth:`FastDrain._drain_priority`)."""
         assigned = self._assigned
-        tps = [tp for tp in (assigned if active_partitions is None else active_partitions) if tp in assigned]
-        if not tps:
-            await asyncio.sleep(min(timeout, 0.2))
+        prio = self._priority_topics
+        tps = [
+            tp for tp in (assigned if active_partitions is None else active_partitions)
+            if tp in assigned and tp.topic not in prio
+        ]
+        return await self._fetch(tps, timeout, MAIN)
+
+    async def _fetch(self, tps: list, timeout: float, lane: str) -> Mapping[TP, list]:
+        """One read of ``tps`` for ``lane`` (MAIN or PRIORITY: each lane has its own
+        read, batch stamp and, on a cluster, its own outstanding reads)."""
+        if not tps:  # every partition of this lane paused (or none assigned)
+            await self._wait_resumed(min(timeout, 0.2))
             return {}
         keys = self.transport.keys
         pos = self._pos
@@ -402,13 +415,14 @@ class Consumer(FastDrain, base.Consumer):
         epoch, generation = self._epoch, self._generation
         # A partition paused on a full stream buffer may resume any moment, and a
         # blocked XREAD would not see it until its timeout (which the server only
-        # checks every 100 ms): while one is paused, poll the others and wait for
-        # the resume on this side.
-        paused = bool(self._buffered_partitions)
+        # checks every 100 ms): while one of this lane's is paused, poll the others
+        # and wait for the resume on this side.
+        prio = self._priority_topics
+        paused = any((tp.topic in prio) == (lane == PRIORITY) for tp in self._buffered_partitions)
         try:
             client = await self.transport.reader()
             if self.transport.is_cluster:
-                resp = await self._xread_cluster(client, streams, min(timeout, 0.02) if paused else timeout)
+                resp = await self._xread_cluster(client, streams, min(timeout, 0.02) if paused else timeout, lane)
             else:
                 block = () if paused else ("BLOCK", max(1, int(timeout * 1000)))
                 resp = await client.execute_command(
@@ -435,13 +449,21 @@ class Consumer(FastDrain, base.Consumer):
             pos[tp] = nxt
             if hw.get(tp, 0) < nxt:
                 hw[tp] = nxt
-        self._batch_stamp = (epoch, generation)
+        self._batch_stamps[lane] = (epoch, generation)
         return out
 
-    def batch_is_current(self) -> bool:
-        """False once a seek or rebalance happened after the last batch was fetched:
-        the rest of it must not be delivered (it is read again from the new position)."""
-        return self._batch_stamp == (self._epoch, self._generation)
+    def unread(self, tp: TP, offset: int, lane: str) -> None:
+        """Read ``tp`` again from ``offset``: the rest of a batch that will not be
+        delivered (its position was moved past it when it was fetched). Nothing to
+        do once the batch is stale: the seek or rebalance set the positions."""
+        if self.batch_is_current(lane) and self._pos.get(tp, 0) > offset:
+            self._pos[tp] = offset
+
+    def batch_is_current(self, lane: str = MAIN) -> bool:
+        """False once a seek or rebalance happened after the lane's last batch was
+        fetched: the rest of it must not be delivered (it is read again from the new
+        position)."""
+        return self._batch_stamps.get(lane) == (self._epoch, self._generation)
 
     def _slot_groups(self, client: Any, streams: Mapping[str, bytes]) -> dict[int, list[str]]:
         slots: dict[int, list[str]] = {}
@@ -453,7 +475,7 @@ class Consumer(FastDrain, base.Consumer):
             slots.setdefault(slot, []).append(key)
         return slots
 
-    async def _xread_cluster(self, client: Any, streams: Mapping[str, bytes], timeout: float) -> list:
+    async def _xread_cluster(self, client: Any, streams: Mapping[str, bytes], timeout: float, lane: str) -> list:
         """XREAD on Redis Cluster: one blocking XREAD per hash slot, kept across calls.
 
         A multi-key XREAD must stay in one slot and every partition has its own
@@ -477,7 +499,7 @@ class Consumer(FastDrain, base.Consumer):
         count = self._max_records
         block = max(1, int(timeout * 1000))
         stamp = (self._epoch, self._generation)
-        reads = self._reads
+        reads = self._reads.setdefault(lane, {})
         groups = self._slot_groups(client, streams)
         for slot, keys in groups.items():
             want = frozenset([(k, streams[k]) for k in keys])
@@ -524,7 +546,7 @@ class Consumer(FastDrain, base.Consumer):
             r.task.add_done_callback(self._replaced.discard)
 
     def _cancel_reads(self) -> None:
-        for task in [r.task for r in self._reads.values()] + list(self._replaced):
+        for task in [r.task for reads in self._reads.values() for r in reads.values()] + list(self._replaced):
             task.cancel()
         self._reads.clear()
         self._replaced.clear()

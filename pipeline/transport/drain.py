@@ -36,6 +36,8 @@ from typing import Any, AsyncIterator, Iterable, Optional, Set, Tuple, cast
 
 from faust.types import TP
 
+from .priority import MAIN, PRIORITY
+
 __all__ = ["FastDrain"]
 
 
@@ -78,9 +80,62 @@ class FastDrain:
     # -- delivering ---------------------------------------------------------
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in the worker
+        """Faust's fetcher task: this delivers every topic but the priority ones, and
+        runs the priority drain beside it while it runs."""
+        this: Any = self
+        prio = asyncio.ensure_future(self._drain_priority(fetcher)) if this._priority_topics else None
+        if prio is not None:
+            # a failed priority drain crashes the consumer (and the worker) as a failed
+            # main drain does, instead of leaving the priority topics unread
+            prio.add_done_callback(
+                lambda f: f.cancelled() or f.exception() is None or asyncio.ensure_future(this.crash(f.exception())))
+        try:
+            await self._drain(fetcher, this.getmany, MAIN)
+        finally:
+            if prio is not None:
+                prio.cancel()
+                try:
+                    await prio
+                except BaseException:
+                    pass
+
+    async def _drain_priority(self, fetcher: Any) -> None:  # pragma: no cover - runs in the worker
+        """The priority topics' own fetch-and-deliver loop.
+
+        One loop for every topic blocks on the slowest stream: a delivery into a
+        full buffer (a low lane working through a backlog, 100 deliveries per
+        batch) waits until that agent takes its next batch, and everything fetched
+        after it (an OTP) waits too. The priority topics (``app.priority_topics``:
+        pipeline/topics.py PRIORITY) get a read of their own (its own connection
+        from the pool, so an XREAD BLOCK wakes the moment one is written) and a
+        delivery loop of their own, so no low-priority stream stands in front of
+        them. The producer writes them apart as well (``Producer``)."""
+        await self._drain(fetcher, self._getmany_priority, PRIORITY)
+
+    async def _getmany_priority(self, timeout: float) -> AsyncIterator[Tuple[TP, Any]]:
+        """Faust's ``getmany`` for the priority lane: one read of the active priority
+        partitions, yielded while the flow is on and the generation unchanged; what
+        is not yielded is read again (:meth:`Consumer.unread`)."""
+        this: Any = self
+        if not this.flow_active:
+            await this.wait(this.can_resume_flow)
+        prio = this._priority_topics
+        tps = [tp for tp in this._get_active_partitions() if tp.topic in prio]
+        records = await this._fetch(tps, timeout, PRIORITY)
+        generation_id = this.app.consumer_generation_id
+        to_message = this._to_message
+        stop = False
+        for tp, recs in records.items():
+            for rec in recs:
+                stop = stop or not this.flow_active or generation_id != this.app.consumer_generation_id
+                if stop:
+                    this.unread(tp, rec.offset, PRIORITY)
+                    break
+                yield tp, to_message(tp, rec)
+
+    async def _drain(self, fetcher: Any, getmany: Any, lane: str) -> None:  # pragma: no cover - runs in the worker
         this: Any = self
         callback = this.callback
-        getmany = this.getmany
         consumer_should_stop = this._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
         suspended = this.suspend_flow.is_set
@@ -104,7 +159,7 @@ class FastDrain:
                     if since_yield > yield_every:
                         await sleep(0)
                         since_yield = 0
-                    if not batch_is_current():
+                    if not batch_is_current(lane):
                         continue  # a seek since this batch was fetched: it is read again from there
                     offset = message.offset
                     r_offset = read_offset.get(tp)

@@ -129,12 +129,12 @@ class ElasticConsumer(Consumer):
             if int(gen or 0) != m.applied_gen:
                 self._rebalance_wanted.set()
 
-    async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
+    async def _fetch(self, tps: Any, timeout: float, lane: str) -> Any:
         """The base fetch, abandoned when the assignment changes: an XREAD BLOCK
         on the old streams would otherwise hold the new partitions up to ``timeout``."""
         wake = self._wake
         wake.clear()
-        read = asyncio.ensure_future(super()._getmany(active_partitions, timeout))
+        read = asyncio.ensure_future(super()._fetch(tps, timeout, lane))
         waiter = asyncio.ensure_future(wake.wait())
         try:
             done, _ = await asyncio.wait({read, waiter}, return_when=asyncio.FIRST_COMPLETED)

@@ -19,6 +19,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from .client import TRANSIENT_ERRORS
 from .cache import flush_caches
+from .priority import in_priority_task, priority_topics
 from .scripts import PRODUCE
 
 if TYPE_CHECKING:
@@ -44,6 +45,25 @@ def normalize_headers(headers: Any) -> list[tuple[str, bytes]]:
     return [(str(k), v if isinstance(v, bytes) else str(v).encode()) for k, v in items]
 
 
+class _Queue:
+    """Messages handed to the producer and not yet written, for one lane (MAIN or
+    PRIORITY, see .priority): each lane is written by its own flush loop, in order."""
+
+    __slots__ = ("pending", "wakeup", "written_cond", "enqueued", "written")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple] = []
+        self.wakeup = asyncio.Event()
+        self.written_cond = asyncio.Condition()
+        self.enqueued = 0  # messages ever handed to send()
+        self.written = 0  # of those, written (pending is written in order, front first)
+
+    async def wait_written(self, target: int) -> None:
+        if self.written < target:
+            async with self.written_cond:
+                await self.written_cond.wait_for(lambda: self.written >= target)
+
+
 class _Buffer(base.ProducerBuffer):
     """Faust's producer buffer, whose ``wait_until_ebb`` the conductor awaits before
     every delivery: it also holds streams back while too much is unwritten."""
@@ -51,9 +71,9 @@ class _Buffer(base.ProducerBuffer):
     producer: "Producer"
 
     async def wait_until_ebb(self) -> None:
-        p = self.producer
-        if p._enqueued - p._written > MAX_UNWRITTEN:
-            await p._wait_written(p._enqueued - MAX_UNWRITTEN)
+        q = self.producer._main
+        if q.enqueued - q.written > MAX_UNWRITTEN:
+            await q.wait_written(q.enqueued - MAX_UNWRITTEN)
         if self.pending.qsize() > self.max_messages:
             await super().wait_until_ebb()
 
@@ -68,11 +88,9 @@ class Producer(base.Producer):
         self.buffer.producer = self
 
     def __post_init__(self) -> None:
-        self._pending: list[tuple] = []
-        self._wakeup = asyncio.Event()
-        self._written_cond = asyncio.Condition()
-        self._enqueued = 0  # messages ever handed to send()
-        self._written = 0  # of those, written (pending is written in order, front first)
+        self._main = _Queue()
+        self._priority = _Queue()  # the app's priority topics (.priority)
+        self._priority_topics = priority_topics(self.app)
         self._script: Any = None
 
     async def on_start(self) -> None:
@@ -125,11 +143,12 @@ class Producer(base.Producer):
     ) -> "asyncio.Future[RecordMetadata]":
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
-        self._pending.append(
+        q = self._priority if topic in self._priority_topics or in_priority_task() else self._main
+        q.pending.append(
             (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers), fut, soon)
         )
-        self._enqueued += 1
-        self._wakeup.set()
+        q.enqueued += 1
+        q.wakeup.set()
         return fut
 
     def send_soon(self, fut: FutureMessage) -> None:
@@ -172,11 +191,6 @@ class Producer(base.Producer):
             self.app.sensors.on_send_error(self, exc, soon[0])
             log.warning("send to %s failed: %s", fut.message.channel, exc)
 
-    async def _wait_written(self, target: int) -> None:
-        if self._written < target:
-            async with self._written_cond:
-                await self._written_cond.wait_for(lambda: self._written >= target)
-
     async def send_and_wait(self, *args: Any, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(*args, **kwargs))
 
@@ -191,27 +205,37 @@ class Producer(base.Producer):
         flush_caches(self.app)
         while self.buffer.size:
             await self.buffer.flush()
-        await self._wait_written(self._enqueued)
+        targets = [(q, q.enqueued) for q in (self._main, self._priority)]
+        for q, target in targets:
+            await q.wait_written(target)
 
     async def on_stop(self) -> None:
         # deliver what was accepted before stopping
-        if self._pending:
-            await self._write_all()
+        for q in (self._priority, self._main):
+            if q.pending:
+                await self._write_all(q)
 
     @Service.task
     async def _flush_loop(self) -> None:
-        while not self.should_stop:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            await self._write_all()
+        await self._flush_queue(self._main)
 
-    async def _write_all(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+    @Service.task
+    async def _flush_loop_priority(self) -> None:
+        await self._flush_queue(self._priority)
+
+    async def _flush_queue(self, q: _Queue) -> None:
+        while not self.should_stop:
+            await q.wakeup.wait()
+            q.wakeup.clear()
+            await self._write_all(q)
+
+    async def _write_all(self, q: _Queue) -> None:
+        while q.pending:
+            batch, q.pending = q.pending[:MAX_BATCH], q.pending[MAX_BATCH:]
             await self._write(batch)
-            self._written += len(batch)
-            async with self._written_cond:
-                self._written_cond.notify_all()
+            q.written += len(batch)
+            async with q.written_cond:
+                q.written_cond.notify_all()
 
     async def _write(self, batch: list[tuple]) -> None:
         groups: dict[tuple[str, int], list[tuple]] = defaultdict(list)

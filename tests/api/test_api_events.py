@@ -67,6 +67,20 @@ async def test_event_is_in_the_stream_when_accepted(api):
     r.close()
 
 
+async def test_high_priority_events_go_to_their_own_topic(api):
+    """OTPs (category otp, priority high) are written to notify.events.high, so a
+    campaign in notify.events never stands in front of them; an explicit priority
+    decides over the category's."""
+    otp = {"biz_key": "otp:1", "category": "otp", "template": "otp", "recipients": ["u1"], "params": {"code": "1"}}
+    status, body = await api.call("POST", "/v1/events", "events", json=[
+        otp, event("order_shipped:B1"), event("order_shipped:B2", priority="high")])
+    assert status == 202, body
+    high = sorted(orjson.loads(f[b"v"])["biz_key"] for _p, f in stream_entries(api.redis_url, "notify.events.high"))
+    rest = [orjson.loads(f[b"v"])["biz_key"] for _p, f in stream_entries(api.redis_url, "notify.events")]
+    assert high == ["order_shipped:B2", "otp:1"]
+    assert rest == ["order_shipped:B1"]
+
+
 async def test_repeat_answers_original_ids_and_states_without_writing(api):
     status, first = await api.call("POST", "/v1/events", "events", json=event("promo:1"))
     assert status == 202

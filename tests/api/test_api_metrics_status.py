@@ -34,9 +34,9 @@ def produce(url: str, topic: str, partition: int, values: list[bytes], ts: float
     return int(base)
 
 
-def commit(url: str, topic: str, partition: int, offset: int) -> None:
+def commit(url: str, topic: str, partition: int, offset: int, group: str = "notify") -> None:
     r = redis.Redis.from_url(url)
-    r.hset(KEYS.offsets("notify"), KEYS.tp_field(topic, partition), offset)
+    r.hset(KEYS.offsets(group), KEYS.tp_field(topic, partition), offset)
     r.close()
 
 
@@ -90,14 +90,20 @@ async def test_metrics_present_and_lag_moves(api):
     assert lag_of(m, "notify_consumer_lag", "notify.send.sms.high", 2, "lane.sms.high") == 1
     assert lag_of(m, "notify_consumer_lag_seconds", "notify.send.sms.high", 2, "lane.sms.high") < 5
 
-    # an event accepted by the API shows up as expand's lag on its partition
+    # an event accepted by the API shows up as expand's lag on its partition (an OTP:
+    # on notify.events.high, read by expand.high)
     status, _ = await api.call("POST", "/v1/events", "events", json={
         "biz_key": "m:1", "category": "otp", "template": "otp", "recipients": ["u1"], "params": {"code": "1"}})
     assert status == 202
     p = DefaultPartitioner()(b"m:1", list(range(PARTITIONS)), list(range(PARTITIONS)))
     await asyncio.sleep(0.3)
     m = await scrape(api)
-    assert lag_of(m, "notify_consumer_lag", "notify.events", p, "expand") == 1
+    assert lag_of(m, "notify_consumer_lag", "notify.events.high", p, "expand.high") == 1
+    # ... and is gone once the priority worker's own group (pipeline/roles.py) committed it
+    commit(api.redis_url, "notify.events.high", p, 1, group="notify-priority")
+    await asyncio.sleep(0.3)
+    m = await scrape(api)
+    assert lag_of(m, "notify_consumer_lag", "notify.events.high", p, "expand.high") == 0
     assert m[("notify_api_events_accepted_total", ())] >= 1
     assert m[("notify_api_requests_total", (("method", "POST"), ("route", "/v1/events"), ("status", "202")))] >= 1
 

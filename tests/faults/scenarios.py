@@ -517,10 +517,11 @@ def _api_ready(port: int) -> bool:
 
 def _stream_biz_keys(r: redis.Redis) -> set[str]:
     keys = set()
-    for p in range(PARTITIONS):
-        for _id, f in r.xrange(K.stream("notify.events", p)):
-            if f.get(b"k"):
-                keys.add(f[b"k"].decode())
+    for topic in ("notify.events", "notify.events.high"):  # the API writes OTPs to the latter
+        for p in range(PARTITIONS):
+            for _id, f in r.xrange(K.stream(topic, p)):
+                if f.get(b"k"):
+                    keys.add(f[b"k"].decode())
     return keys
 
 

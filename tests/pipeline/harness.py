@@ -12,9 +12,12 @@ from typing import Any, Iterable, Optional
 import orjson
 import redis
 
+from config.settings import load_settings
+from pipeline.topics import EVENTS, events_for
 from tests.transport.helpers import ROOT, produce_async, wait_until
 
 PARTITIONS = 4
+CATEGORY_PRIORITY = {name: c.priority for name, c in load_settings(env={}).categories.items()}
 
 
 class Pipeline:
@@ -73,15 +76,19 @@ class Pipeline:
         them before the events (a real producer writes the profile first, too)."""
         if after_users and self._users_sent and any(p.poll() is None for p in self.procs):
             self.wait_committed(self._users_sent)
-        items = []
+        by_topic: dict[str, list] = {}
         for e in events:
             if isinstance(e, (bytes, bytearray)):
-                items.append((b"bad", bytes(e)))
+                by_topic.setdefault(EVENTS, []).append((b"bad", bytes(e)))
             else:
                 e = dict(e)
                 e.setdefault("accepted_at", time.time())
-                items.append((str(e.get("biz_key", "x")).encode(), orjson.dumps(e)))
-        self.send("notify.events", items)
+                # where the API writes it: OTPs and security alerts on notify.events.high
+                cat = e.get("category")
+                topic = events_for(e.get("priority") or (CATEGORY_PRIORITY.get(cat, "") if isinstance(cat, str) else ""))
+                by_topic.setdefault(topic, []).append((str(e.get("biz_key", "x")).encode(), orjson.dumps(e)))
+        for topic, items in by_topic.items():
+            self.send(topic, items)
 
     def preferences(self, prefs: Iterable[dict]) -> None:
         items = [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]
@@ -95,20 +102,20 @@ class Pipeline:
 
     # -- reading ------------------------------------------------------------
 
-    def committed(self, topic: str) -> int:
+    def committed(self, topic: str, group: str = "notify") -> int:
         """Entries of ``topic`` committed by the group, over all partitions."""
         r = redis.Redis.from_url(self.url)
         try:
-            offsets = r.hgetall("nfs:{g|notify}:offsets")
+            offsets = r.hgetall(f"nfs:{{g|{group}}}:offsets")
         finally:
             r.close()
         prefix = topic.encode() + b"|"
         return sum(int(v) for k, v in offsets.items() if k.startswith(prefix) and not k.endswith(b"@"))
 
-    def wait_committed(self, counts: dict[str, int], timeout: float = 60) -> None:
+    def wait_committed(self, counts: dict[str, int], timeout: float = 60, group: str = "notify") -> None:
         """Until every topic in ``counts`` has that many entries committed (applied)."""
-        wait_until(lambda: all(self.committed(t) >= n for t, n in counts.items()), timeout, 0.2,
-                   f"committed {counts}")
+        wait_until(lambda: all(self.committed(t, group) >= n for t, n in counts.items()), timeout, 0.2,
+                   f"committed {counts} by {group}")
 
     def rows(self) -> dict[tuple[str, str, str], dict]:
         if not self.db.exists():

@@ -9,8 +9,15 @@ Agent ``numbers``: for every message (key k, value v) appends
 An op may carry "i" (an event number): it is added to the Redis set
 ``ops-seen`` once applied (the elastic scale test checks every event was processed).
 
+Agents ``backlog`` and ``urgent`` (topics of the same names): each appends the
+message's value to the Redis list of its topic's name; ``backlog`` then sleeps
+SLOW_BACKLOG seconds, ``urgent`` also records how many backlog messages were done
+by then. With PRIORITY=1, ``urgent`` is a priority topic (app.priority_topics,
+pipeline/transport/priority.py).
+
 Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message),
-STANDBYS (``table_standby_replicas``, Faust's default 1).
+STANDBYS (``table_standby_replicas``, Faust's default 1), BUFFER
+(``stream_buffer_maxsize``), SLOW_BACKLOG, PRIORITY.
 """
 
 import asyncio
@@ -36,7 +43,11 @@ app = faust.App(
     datadir=os.environ.get("DATADIR", "/tmp/notify-test-worker"),
     Table=CachedTable,  # as the notify app (pipeline/app.py)
     **({"table_standby_replicas": int(os.environ["STANDBYS"])} if os.environ.get("STANDBYS") else {}),
+    **({"stream_buffer_maxsize": int(os.environ["BUFFER"])} if os.environ.get("BUFFER") else {}),
 )
+if os.environ.get("PRIORITY") == "1":
+    app.priority_topics = frozenset(["urgent"])
+SLOW_BACKLOG = float(os.environ.get("SLOW_BACKLOG", "0"))
 numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
 ops = app.topic("ops", key_type=str, value_serializer="json", partitions=PARTITIONS)
 counts = app.Table("counts", default=int, partitions=PARTITIONS)
@@ -87,3 +98,20 @@ async def apply_ops(stream):
                 pipe.hset(f"dump:{p}", mapping={k: str(v) for k, v in mine.items()})
             pipe.rpush("dumped", f"{op['round']}:{p}")
             await pipe.execute()
+
+
+backlog_topic = app.topic("backlog", value_type=bytes, value_serializer="raw", partitions=PARTITIONS)
+urgent_topic = app.topic("urgent", value_type=bytes, value_serializer="raw", partitions=PARTITIONS)
+
+
+@app.agent(backlog_topic)
+async def work_backlog(stream):
+    async for value in stream:
+        await data().rpush("backlog", value)
+        await asyncio.sleep(SLOW_BACKLOG)
+
+
+@app.agent(urgent_topic)
+async def work_urgent(stream):
+    async for value in stream:
+        await data().rpush("urgent", b"%s:%d" % (value, await data().llen("backlog")))

@@ -1,0 +1,52 @@
+"""Worker roles: which agents a worker process runs (``NOTIFY_ROLE``).
+
+``all`` (the default) runs every agent. For OTPs that never wait behind a
+backlog, run the high-priority path in a process of its own:
+
+    NOTIFY_ROLE=main      every agent but the high-priority path (N processes)
+    NOTIFY_ROLE=priority  expand.high, guard.high and the lane.*.high agents (1 process)
+
+Inside one process the priority topics already have their own fetch loop and
+producer queue (pipeline/transport/priority.py), but they share its event loop
+and its core with the low lanes: under a deep backlog every step of an OTP
+waits one pass over every busy agent. In a process of its own, the high path
+sleeps until an OTP comes and the OS wakes it ahead of the busy workers.
+
+The priority role is a consumer group of its own (app id ``notify-priority``),
+so it has tables of its own, all partitions in one process: its dedup keys,
+daily counters and inflight marks are those of high-priority deliveries only
+(no other role writes such keys), and it keeps its own copy of preferences and
+devices from notify.preferences / notify.devices, which both roles read. What
+it sends (outcomes, timers, dead letters) goes to the shared topics, which the
+main role handles (records, scheduler, receipts).
+"""
+
+import os
+
+__all__ = ["ROLE", "ROLES", "app_id", "runs"]
+
+ROLES = ("all", "main", "priority")
+ROLE = os.environ.get("NOTIFY_ROLE") or "all"
+if ROLE not in ROLES:
+    raise SystemExit(f"NOTIFY_ROLE must be one of {', '.join(ROLES)}, got {ROLE!r}")
+
+#: agents of the high-priority path
+PRIORITY_AGENTS = ("expand.high", "guard.high")
+#: agents every role runs (their tables are per role)
+SHARED_AGENTS = ("preferences", "devices")
+
+
+def is_priority_agent(name: str) -> bool:
+    return name in PRIORITY_AGENTS or (name.startswith("lane.") and name.endswith(".high"))
+
+
+def runs(name: str, role: str = ROLE) -> bool:
+    """Whether a worker of ``role`` runs the agent (or app timer) ``name``."""
+    if role == "all" or name in SHARED_AGENTS:
+        return True
+    return is_priority_agent(name) == (role == "priority")
+
+
+def app_id(role: str = ROLE) -> str:
+    """The Faust app id (= consumer group, and the prefix of the tables' changelogs)."""
+    return "notify-priority" if role == "priority" else "notify"
