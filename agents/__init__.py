@@ -18,7 +18,7 @@ from pipeline.app import app  # noqa: E402
 
 __all__ = ["app"]
 
-for _name in [n for n in app.agents if not roles.runs(n)]:
+for _name in [n for n, a in app.agents.items() if not roles.runs(a.channel.get_topic_name())]:
     del app.agents[_name]
 
 

@@ -3,8 +3,8 @@
 Lanes are separate topics consumed independently, so a marketing backlog on a
 low lane never waits in front of an OTP on a high one (the high topics are also
 fetched and written apart: pipeline/transport/priority.py). Each agent takes what
-its stream has ready, up to the lane's batch size (pipeline/take.py), marks every delivery "calling" in the inflight table (durably, before any
-provider call), calls the providers concurrently, and turns results into
+its stream has ready, up to the lane's batch size (pipeline/take.py), marks every
+delivery "calling" in the inflight table (durably, before any provider call), calls the providers concurrently, and turns results into
 outcomes, retries (on the timer topic) and dead letters via pipeline/rules/attempts.
 """
 

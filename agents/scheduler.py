@@ -91,5 +91,5 @@ async def poll_receipt(payload: dict) -> None:
                                      provider_msg_id=q.provider_msg_id)])
 
 
-if roles.runs("scheduler"):  # not in the priority role (pipeline/roles.py): the timers are main's
+if roles.runs(timers_topic.get_topic_name()):  # where the timers agent runs (pipeline/roles.py)
     app.timer(0.1)(fire_due)

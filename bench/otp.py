@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from bench.e2e import (  # noqa: E402
     PARTITIONS, WORKERS, Lag, Workers, cpu_seconds, machine_busy, summarize_inclusive, summarize_raw, wait)
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
+from pipeline.roles import app_id  # noqa: E402
 from pipeline.topics import EVENTS, PREFERENCES, events_for  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -291,7 +292,7 @@ async def otp_load(url: str, rate: float, window: float, users: int, drained, p:
 
     client = aioredis.Redis.from_url(url)
     writer = TopicWriter(client, Keys(), PARTITIONS)
-    topic = events_for("high")  # where the API writes an OTP (pipeline/api/app.py topic_for)
+    topic = events_for("high")  # where the API writes an OTP (pipeline/topics.py event_topic)
     await writer.partitions(topic)
     rng = random.Random(3)
     loop = asyncio.get_running_loop()
@@ -344,7 +345,7 @@ def run_point(label: str, batch_low: Optional[int], backlog: int, *, rate: float
             workers.start("run")
             pids = {f"worker {i}": pr.pid for i, pr in enumerate(workers.procs)}
             pids["redis"] = server.proc.pid
-            for group in ["notify"] + (["notify-priority"] if priority_worker else []):
+            for group in [app_id("main")] + ([app_id("priority")] if priority_worker else []):
                 wait(lambda: (lambda hw, cm: hw and hw == cm)(*Lag(r, [PREFERENCES], group).total()), 180,
                      "preferences applied", workers.check, 0.2)
             log(f"otp[{label}]: workers up, {users} users applied")
@@ -436,8 +437,9 @@ def report(idle: Point, curve: list[Point], args, default_batch: int) -> str:
         "partitions, in-process fake providers at zero latency, provider token buckets lifted (`bench_config` of "
         "bench/e2e.py). OTP events (category otp, sms, one recipient) written one at a time at "
         f"{args.rate:g}/s to `notify.events.high` through the API's write path (`TopicWriter`, the Lua PRODUCE the "
-        "API runs before its 202; the API writes high-priority categories there), `accepted_at` stamped just before the write; latency = provider call (fake `send` entered, "
-        "timestamped in the worker) − `accepted_at`. The HTTP hop itself is measured by bench/ingest.py."
+        "API runs before its 202; the API writes high-priority categories there), `accepted_at` stamped just before "
+        "the write; latency = provider call (fake `send` entered, timestamped in the worker) − `accepted_at`. "
+        "The HTTP hop itself is measured by bench/ingest.py."
         + (" **Priority worker**: the two workers run `NOTIFY_ROLE=main` and a third process runs the high-priority "
            "path (`NOTIFY_ROLE=priority`: expand.high, guard.high, lane.*.high; pipeline/roles.py)."
            if args.priority_worker else ""),

@@ -180,13 +180,12 @@ async def _send_raw(url: str, topic: str, items: list[tuple[bytes, bytes]]) -> N
 async def _send_events(url: str, events: list[dict]) -> None:
     import orjson
 
-    from pipeline.topics import events_for
+    from pipeline.topics import event_topic
 
     settings = _settings()
     by_topic: dict[str, list] = {}
     for e in events:
-        cat = settings.categories.get(e["category"]) if isinstance(e.get("category"), str) else None
-        topic = events_for(e.get("priority") or (cat.priority if cat else ""))
+        topic = event_topic(settings, e.get("category"), e.get("priority"))
         by_topic.setdefault(topic, []).append((e["biz_key"].encode(), orjson.dumps(e)))
     for topic, items in by_topic.items():
         await _send_raw(url, topic, items)

@@ -19,6 +19,7 @@ import os
 from time import perf_counter
 from typing import Awaitable, Callable
 
+from .topics import PRIORITY
 from .transport.priority import priority_task
 
 __all__ = ["SLICE_S", "turns", "turns_for"]
@@ -50,8 +51,6 @@ def turns_for(stream) -> Callable[[], Awaitable[None]]:
     """``turns()`` for an agent's stream. For a priority topic's agent: a no-op, and
     the agent's task is marked as priority work, so what it sends directly goes
     through the producer's priority queue (pipeline/transport/priority.py)."""
-    from .topics import PRIORITY
-
     if stream.channel.get_topic_name() in PRIORITY:
         priority_task()
         return _keep

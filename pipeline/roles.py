@@ -23,28 +23,26 @@ main role handles (records, scheduler, receipts).
 
 import os
 
-__all__ = ["ROLE", "ROLES", "app_id", "runs"]
+from .topics import DEVICES, PREFERENCES, PRIORITY
+
+__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs"]
 
 ROLES = ("all", "main", "priority")
 ROLE = os.environ.get("NOTIFY_ROLE") or "all"
 if ROLE not in ROLES:
     raise SystemExit(f"NOTIFY_ROLE must be one of {', '.join(ROLES)}, got {ROLE!r}")
 
-#: agents of the high-priority path
-PRIORITY_AGENTS = ("expand.high", "guard.high")
-#: agents every role runs (their tables are per role)
-SHARED_AGENTS = ("preferences", "devices")
+#: topics whose agents every role runs (each role keeps its own tables of them)
+SHARED = frozenset([PREFERENCES, DEVICES])
 
 
-def is_priority_agent(name: str) -> bool:
-    return name in PRIORITY_AGENTS or (name.startswith("lane.") and name.endswith(".high"))
-
-
-def runs(name: str, role: str = ROLE) -> bool:
-    """Whether a worker of ``role`` runs the agent (or app timer) ``name``."""
-    if role == "all" or name in SHARED_AGENTS:
+def runs(topic: str, role: str = ROLE) -> bool:
+    """Whether a worker of ``role`` runs the agent reading ``topic``: the priority
+    role those of the priority topics (pipeline/topics.py PRIORITY, the same set the
+    transport reads and writes apart), the main role the others."""
+    if role == "all" or topic in SHARED:
         return True
-    return is_priority_agent(name) == (role == "priority")
+    return (topic in PRIORITY) == (role == "priority")
 
 
 def app_id(role: str = ROLE) -> str:

@@ -1,6 +1,8 @@
 """Topic names of the pipeline. User-keyed topics share one partition count, so an
 agent reading any of them finds the user's tables in its own partitions."""
 
+from typing import Any
+
 from config.settings import CHANNELS, PRIORITIES
 
 EVENTS = "notify.events"  # raw producer bytes, key biz_key
@@ -18,6 +20,14 @@ def events_for(priority: str) -> str:
     """The topic an event of ``priority`` is written to: notify.events.high for high,
     notify.events for the rest (both are read by expand)."""
     return EVENTS_HIGH if priority == "high" else EVENTS
+
+
+def event_topic(settings, category: Any, priority: Any = None) -> str:
+    """Where a producer (the API, ``notify send``) writes an event: by its own
+    priority, else its category's. An unknown category goes to notify.events,
+    where expand dead-letters it."""
+    cat = settings.categories.get(category) if isinstance(category, str) else None
+    return events_for(priority or (cat.priority if cat else ""))
 
 
 def intents(priority: str) -> str:

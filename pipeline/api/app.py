@@ -401,11 +401,6 @@ class Api:
         code = 202 if "accepted" in statuses else 200 if statuses == {"duplicate"} else 409
         return json_response({"results": results}, status=code)
 
-    def topic_for(self, ev: Event) -> str:
-        """notify.events.high for a high-priority event (an OTP never waits behind a
-        campaign in notify.events), notify.events for the others."""
-        return T.events_for(ev.priority or self.settings.category(ev.category).priority)
-
     async def _accept(self, events: list[Event], producer: str) -> list[dict[str, Any]]:
         """Claim, write and confirm (see the module doc); one result per event."""
         assert self.writer is not None
@@ -444,8 +439,9 @@ class Api:
         # write the claimed events: one pipeline round trip for the whole request
         if ours:
             hdr = [("producer", producer.encode())] if producer else []
-            msgs = [(self.topic_for(prepared[i][0]), prepared[i][0].biz_key.encode(), prepared[i][0].dumps(), hdr)
-                    for i in ours]
+            # OTPs on notify.events.high: they never wait behind a campaign in notify.events
+            msgs = [(T.event_topic(self.settings, ev.category, ev.priority), ev.biz_key.encode(), ev.dumps(), hdr)
+                    for ev in (prepared[i][0] for i in ours)]
             try:
                 await self.writer.send(msgs)
             except BaseException:

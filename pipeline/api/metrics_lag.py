@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pipeline import topics as T
+from pipeline.roles import app_id
 from pipeline.transport.keys import Keys
 
 __all__ = [
@@ -66,8 +67,8 @@ events_duplicate = Counter(
     "notify_api_events_duplicate_total", "Repeated POST /v1/events answered from the idempotency record"
 )
 
-GROUP = "notify"  # the Faust app id = consumer group
-PRIORITY_GROUP = "notify-priority"  # NOTIFY_ROLE=priority (pipeline/roles.py)
+GROUP = app_id("main")  # the Faust app id = consumer group
+PRIORITY_GROUP = app_id("priority")  # NOTIFY_ROLE=priority (pipeline/roles.py)
 
 
 def agent_of(topic: str) -> str:
@@ -138,6 +139,10 @@ class Snapshot:
         return sum(t.highwater) if t else 0
 
 
+def _str_keys(h: Any) -> dict[str, Any]:
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in (h or {}).items()}
+
+
 def _int(v: Any) -> int:
     try:
         return int(v)
@@ -196,12 +201,7 @@ class LagSampler:
                 pipe.get(keys.counter(topic, p))
                 order.append((topic, p))
         res = await pipe.execute()
-        committed_raw = {
-            (k.decode() if isinstance(k, bytes) else k): v for k, v in (res[0] or {}).items()
-        }
-        priority_raw = {
-            (k.decode() if isinstance(k, bytes) else k): v for k, v in (res[1] or {}).items()
-        }
+        committed_raw, priority_raw = _str_keys(res[0]), _str_keys(res[1])
         hw = {tp: _int(v) for tp, v in zip(order, res[2:])}
         cm = {tp: _int(committed_raw.get(keys.tp_field(*tp))) for tp in order}
         for tp in order:

@@ -32,6 +32,7 @@ import orjson
 import redis
 
 from pipeline.embedded import EmbeddedRedis, free_port
+from pipeline import topics as T
 from pipeline.ids import delivery_id
 from tests.pipeline.model import Model, User
 from tests.transport.helpers import ROOT
@@ -517,7 +518,7 @@ def _api_ready(port: int) -> bool:
 
 def _stream_biz_keys(r: redis.Redis) -> set[str]:
     keys = set()
-    for topic in ("notify.events", "notify.events.high"):  # the API writes OTPs to the latter
+    for topic in (T.EVENTS, T.EVENTS_HIGH):  # the API writes OTPs to the latter
         for p in range(PARTITIONS):
             for _id, f in r.xrange(K.stream(topic, p)):
                 if f.get(b"k"):

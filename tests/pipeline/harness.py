@@ -13,11 +13,11 @@ import orjson
 import redis
 
 from config.settings import load_settings
-from pipeline.topics import EVENTS, events_for
+from pipeline.topics import EVENTS, event_topic
 from tests.transport.helpers import ROOT, produce_async, wait_until
 
 PARTITIONS = 4
-CATEGORY_PRIORITY = {name: c.priority for name, c in load_settings(env={}).categories.items()}
+DEFAULTS = load_settings(env={})  # the categories' priorities, as a worker's config has them
 
 
 class Pipeline:
@@ -84,8 +84,7 @@ class Pipeline:
                 e = dict(e)
                 e.setdefault("accepted_at", time.time())
                 # where the API writes it: OTPs and security alerts on notify.events.high
-                cat = e.get("category")
-                topic = events_for(e.get("priority") or (CATEGORY_PRIORITY.get(cat, "") if isinstance(cat, str) else ""))
+                topic = event_topic(DEFAULTS, e.get("category"), e.get("priority"))
                 by_topic.setdefault(topic, []).append((str(e.get("biz_key", "x")).encode(), orjson.dumps(e)))
         for topic, items in by_topic.items():
             self.send(topic, items)

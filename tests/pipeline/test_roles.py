@@ -2,21 +2,30 @@
 
 import pytest
 
+from config.settings import CHANNELS
 from pipeline import roles
+from pipeline import topics as T
 
 from .harness import Pipeline
 
-AGENTS = ["expand", "expand.high", "guard.low", "guard.normal", "guard.high", "lane.sms.high", "lane.email.low",
-          "lane.push.normal", "records", "receipts", "scheduler", "preferences", "devices"]
+
+@pytest.mark.parametrize("topic", T.ALL)
+def test_every_topic_is_read_in_exactly_one_of_main_and_priority_or_in_both_if_shared(topic):
+    assert roles.runs(topic, "all")
+    both = roles.runs(topic, "main") and roles.runs(topic, "priority")
+    assert both == (topic in roles.SHARED)
+    assert roles.runs(topic, "main") or roles.runs(topic, "priority")
+    assert roles.runs(topic, "priority") == (topic.endswith(".high") or topic in roles.SHARED)
 
 
-@pytest.mark.parametrize("name", AGENTS)
-def test_every_agent_runs_in_exactly_one_of_main_and_priority_or_in_both_if_shared(name):
-    assert roles.runs(name, "all")
-    both = roles.runs(name, "main") and roles.runs(name, "priority")
-    assert both == (name in roles.SHARED_AGENTS)
-    assert roles.runs(name, "main") or roles.runs(name, "priority")
-    assert roles.runs(name, "priority") == (name.endswith(".high") or name in roles.SHARED_AGENTS)
+def test_the_priority_role_runs_the_high_priority_path_and_the_user_tables():
+    import agents
+
+    topics = {name: a.channel.get_topic_name() for name, a in agents.app.agents.items()}
+    assert {n for n, t in topics.items() if roles.runs(t, "priority")} == {
+        "expand.high", "guard.high", "preferences", "devices"} | {f"lane.{c}.high" for c in CHANNELS}
+    assert {n for n, t in topics.items() if roles.runs(t, "main")} == set(topics) - {
+        "expand.high", "guard.high"} - {f"lane.{c}.high" for c in CHANNELS}
 
 
 def test_priority_role_is_a_group_of_its_own():
