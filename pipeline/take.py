@@ -8,9 +8,9 @@ tasks made and cancelled) to find nothing. ``within=0`` is no way out: Faust
 then waits for a full batch.
 
 :func:`take_ready` yields as soon as one event is buffered, with every event
-that is buffered by then (at most ``max_``): at idle a lane takes each delivery
-the moment it arrives, under a backlog its batches are full, since the stream's
-queue holds more than a batch. Events are acknowledged after the batch is
+the stream has received by then (at most ``max_``): at idle a lane takes each
+delivery the moment it arrives, under a backlog its batches are full, since the
+stream's queue holds more than a batch (tests/transport/test_take.py). Events are acknowledged after the batch is
 handled (the code after the ``yield`` has run), as with ``take_events``; events
 buffered meanwhile wait for the next batch, in order.
 """
@@ -44,8 +44,16 @@ async def take_ready(stream: Any, max_: int) -> AsyncIterator[list]:
     stream.enable_acks = False  # acknowledged below, once handled
     stream.add_processor(add)
     stream._enable_passive(aiter(stream.channel))
+    queue = stream.channel.queue  # what the stream received and has not passed on yet
     while not stream.should_stop:
         await ready.wait()
+        # what the stream's queue holds is ready too: the passive consumer moves it
+        # into the buffer one event per loop turn, so give it the turns (at most a
+        # batch's worth) instead of taking the first few of a backlog
+        for _ in range(max_):
+            if len(buffered) >= max_ or not queue.qsize():
+                break
+            await asyncio.sleep(0)
         batch = buffered[:max_]
         del buffered[: len(batch)]
         if not buffered:

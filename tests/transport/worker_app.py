@@ -15,6 +15,10 @@ SLOW_BACKLOG seconds, ``urgent`` also records how many backlog messages were don
 by then. With PRIORITY=1, ``urgent`` is a priority topic (app.priority_topics,
 pipeline/transport/priority.py).
 
+Agent ``batched`` (topic ``batched``): takes batches with pipeline/take.py
+``take_ready`` (at most TAKE_MAX, default 5) and appends each batch's values,
+comma-joined, to the Redis list ``batches``.
+
 Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message),
 STANDBYS (``table_standby_replicas``, Faust's default 1), BUFFER
 (``stream_buffer_maxsize``), SLOW_BACKLOG, PRIORITY.
@@ -115,3 +119,14 @@ async def work_backlog(stream):
 async def work_urgent(stream):
     async for value in stream:
         await data().rpush("urgent", b"%s:%d" % (value, await data().llen("backlog")))
+
+
+batched_topic = app.topic("batched", value_type=bytes, value_serializer="raw", partitions=PARTITIONS)
+
+
+@app.agent(batched_topic)
+async def work_batched(stream):
+    from pipeline.take import take_ready
+
+    async for events in take_ready(stream, int(os.environ.get("TAKE_MAX", "5"))):
+        await data().rpush("batches", b",".join(e.value for e in events))
