@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from bench.e2e import (  # noqa: E402
     PARTITIONS, WORKERS, Lag, Workers, cpu_seconds, machine_busy, summarize_inclusive, summarize_raw, wait)
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.roles import app_id  # noqa: E402
+from pipeline.roles import app_id, main_nice  # noqa: E402
 from pipeline.topics import EVENTS, PREFERENCES, events_for  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -441,7 +441,8 @@ def report(idle: Point, curve: list[Point], args, default_batch: int) -> str:
         "the write; latency = provider call (fake `send` entered, timestamped in the worker) − `accepted_at`. "
         "The HTTP hop itself is measured by bench/ingest.py."
         + (" **Priority worker**: the two workers run `NOTIFY_ROLE=main` and a third process runs the high-priority "
-           "path (`NOTIFY_ROLE=priority`: expand.high, guard.high, lane.*.high; pipeline/roles.py)."
+           "path (`NOTIFY_ROLE=priority`: expand.high, guard.high, lane.*.high; pipeline/roles.py); the main "
+           f"workers lower their CPU priority by nice +{main_nice()} (`NOTIFY_MAIN_NICE`)."
            if args.priority_worker else ""),
         "",
         f"(b): a backlog of **{args.backlog:,} marketing events** (one recipient, e-mail only: one low-lane delivery "
@@ -500,6 +501,8 @@ def main() -> None:
     ap.add_argument("--section", default="otp", help="section of bench/RESULTS.md to write (e.g. otp-full for"
                     " --backlog 1000000, kept next to the default curve)")
     ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 during every window")
+    ap.add_argument("--main-nice", type=int, help="with --priority-worker: the main workers' nice increment "
+                    "(NOTIFY_MAIN_NICE; default pipeline/roles.py MAIN_NICE, 0 = none)")
     ap.add_argument("--priority-worker", action="store_true",
                     help="the high-priority path in a third process (NOTIFY_ROLE=priority beside two 'main' workers, "
                          "pipeline/roles.py) instead of two workers running everything")
@@ -520,6 +523,8 @@ def main() -> None:
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
+    if args.main_nice is not None:
+        os.environ["NOTIFY_MAIN_NICE"] = str(args.main_nice)  # the workers inherit it
     kw = dict(rate=args.rate, users=args.users, profile=args.profile, priority_worker=args.priority_worker, log=log)
     idle = run_point("(a) idle", None, 0, window=args.idle_window, **kw)
     log(f"idle: p50 {pct(idle.lat_ms, 50):.1f} p99 {pct(idle.lat_ms, 99):.1f} max {max(idle.lat_ms or [0]):.1f} ms")
@@ -539,6 +544,7 @@ def main() -> None:
             f" --{k.replace('_', '-')} {getattr(args, k)}"
             for k, v in defaults.items() if getattr(args, k) != v) + (" --profile" if args.profile else "") + (
             " --priority-worker" if args.priority_worker else "") + (
+            f" --main-nice {args.main_nice}" if args.main_nice is not None else "") + (
             f" --section {args.section}" if args.section != "otp" else "")
         from bench.results import write_section
 

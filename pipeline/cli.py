@@ -142,7 +142,9 @@ def cmd_worker(args) -> int:
 
     use_fast_loop()  # before anything creates the loop
     import agents
+    from pipeline import roles
 
+    roles.lower_priority()  # a main worker yields the core to the priority worker (pipeline/roles.py)
     tune_gc()
     worker = faust.Worker(agents.app, loglevel=args.loglevel, quiet=True)
     worker.execute_from_commandline()

@@ -10,7 +10,10 @@ Inside one process the priority topics already have their own fetch loop and
 producer queue (pipeline/transport/priority.py), but they share its event loop
 and its core with the low lanes: under a deep backlog every step of an OTP
 waits one pass over every busy agent. In a process of its own, the high path
-sleeps until an OTP comes and the OS wakes it ahead of the busy workers.
+sleeps until an OTP comes. So that the OS also runs it ahead of the busy
+workers when the cores are short, a ``main`` worker lowers its own CPU priority
+at start (``nice`` +10, ``NOTIFY_MAIN_NICE``; 0 keeps it): the
+kernel then gives a woken priority worker, Redis and the API the core first.
 
 The priority role is a consumer group of its own (app id ``notify-priority``),
 so it has tables of its own, all partitions in one process: its dedup keys,
@@ -25,7 +28,7 @@ import os
 
 from .topics import DEVICES, PREFERENCES, PRIORITY
 
-__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs"]
+__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs", "main_nice", "lower_priority"]
 
 ROLES = ("all", "main", "priority")
 ROLE = os.environ.get("NOTIFY_ROLE") or "all"
@@ -48,3 +51,18 @@ def runs(topic: str, role: str = ROLE) -> bool:
 def app_id(role: str = ROLE) -> str:
     """The Faust app id (= consumer group, and the prefix of the tables' changelogs)."""
     return "notify-priority" if role == "priority" else "notify"
+
+
+def main_nice() -> int:
+    """The nice increment a ``main`` worker takes at start (see the module doc)."""
+    return int(os.environ.get("NOTIFY_MAIN_NICE", "10"))
+
+
+def lower_priority(role: str = ROLE) -> int:
+    """Lower this process's CPU priority if it is a ``main`` worker; returns the
+    increment taken (0 for the other roles)."""
+    nice = main_nice()
+    if role != "main" or nice <= 0:
+        return 0
+    os.nice(nice)
+    return nice

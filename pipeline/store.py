@@ -75,10 +75,10 @@ logging.getLogger("aiosqlite").setLevel(logging.WARNING)
 
 __all__ = ["RecordStore", "StoreUnavailable", "InvalidOutcome", "InboxItem", "RECORD_COLUMNS"]
 
-# state_key = rank * _K + microseconds: orders by rank, then by time (fits in int64
-# until the year 2286)
 #: the outcome fold gives the event loop a turn every this many outcomes
 FOLD_TURN = 256
+# state_key = rank * _K + microseconds: orders by rank, then by time (fits in int64
+# until the year 2286)
 _K = 10**16
 _STATE_ACCEPTED = State.ACCEPTED
 _STATE_DELIVERED = State.DELIVERED

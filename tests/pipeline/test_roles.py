@@ -1,5 +1,7 @@
 """Worker roles (pipeline/roles.py): the high-priority path in a process of its own."""
 
+import os
+
 import pytest
 
 from config.settings import CHANNELS
@@ -37,11 +39,15 @@ def test_main_and_priority_workers_together_deliver_every_priority(redis_url, tm
     users = [{"user_id": f"r{i}", "phone": f"+1555010{i:04d}", "email": f"r{i}@example.com", "version": 1}
              for i in range(20, 30)]
     pipe.preferences(users)
-    pipe.start("main", NOTIFY_ROLE="main")
-    pipe.start("priority", NOTIFY_ROLE="priority")
+    main = pipe.start("main", NOTIFY_ROLE="main")
+    prio = pipe.start("priority", NOTIFY_ROLE="priority")
     try:
         for group in ("notify", "notify-priority"):  # each role keeps its own copy of the preferences
             pipe.wait_committed({"notify.preferences": len(users)}, group=group)
+        # the main worker gave up CPU priority, so the kernel runs the priority worker first
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, main.pid) == min(19, ours + roles.main_nice())
+        assert os.getpriority(os.PRIO_PROCESS, prio.pid) == ours
         pipe.events([{"biz_key": f"otp:{u['user_id']}", "category": "otp", "template": "otp", "channels": ["sms"],
                       "recipients": [u["user_id"]], "params": {"code": "123456"}} for u in users]
                      + [{"biz_key": f"ship:{u['user_id']}", "category": "transaction", "template": "order_shipped",
