@@ -12,7 +12,7 @@ that is full. So :class:`FastDrain` awaits the callback directly in steady
 state, and falls back to Faust's ``wait_first`` whenever a rebalance is under
 way or the flow is suspended or gated. (Awaiting it directly across a rebalance
 lost deliveries: with two workers and eight partitions, pre-written input
-stalled with some messages never acked; tests/transport/test_drain.py.)
+stalled with some messages never acked: tests/transport/test_elastic.py.)
 A put blocked on a full buffer is released by the rebalance itself: clearing
 the flow-control queues cancels their waiting putters, and a delivery that
 still lands after the rebalance carries the old generation and is skipped by
@@ -24,6 +24,11 @@ fetched before it is dropped, not delivered, and what was delivered past the new
 position is delivered again (``Consumer.seek_to_committed`` resets the read
 offsets). Deliveries that raced the recovery were otherwise skipped by the
 streams and acknowledged, i.e. lost (tests/pipeline/test_startup_backlog.py).
+A delivery whose callback was still waiting when the seek came must not then
+record its offset as the last one delivered: everything the seek reads again
+below it would be skipped as a duplicate, never acknowledged, and the
+partition's commit would stall there for good (seen under a profiler, which
+slowed a worker into a rebalance; tests/transport/test_drain.py).
 
 Faust also pauses a partition whose stream buffer is under pressure, and when
 every assigned partition is paused its fetcher sleeps a whole second before
@@ -174,7 +179,11 @@ class FastDrain:
                         await this.wait_first(callback(message), this.suspend_flow.wait())
                     else:
                         await callback(message)
-                    read_offset[tp] = offset
+                    if batch_is_current(lane):
+                        read_offset[tp] = offset
+                    # else a seek moved the read offsets while the callback waited
+                    # (on flow control, on the producer): keep the seek's, or what it
+                    # reads again from there is taken for delivered and never acked
         except asyncio.CancelledError:
             if this.transport.app.should_stop:
                 return
