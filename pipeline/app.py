@@ -56,6 +56,7 @@ app = faust.App(
 )
 lean_sensors(app)  # Faust's Monitor off the per-event path (pipeline/lean.py)
 app.priority_topics = T.PRIORITY  # their own fetch loop and producer queue (pipeline/transport/priority.py)
+app.offset_peers = roles.offset_peers()  # a switch of roles goes on where the other group stopped
 
 events_topics = [
     app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")

@@ -15,6 +15,10 @@ workers when the cores are short, a ``main`` worker lowers its own CPU priority
 at start (``nice`` +10, ``NOTIFY_MAIN_NICE``; 0 keeps it): the
 kernel then gives a woken priority worker, Redis and the API the core first.
 
+Switching a deployment between ``all`` and ``main`` + ``priority`` (either way):
+stop the old workers, start the new ones. The group that takes over the
+priority topics starts from where the other stopped (:func:`offset_peers`).
+
 The priority role is a consumer group of its own (app id ``notify-priority``),
 so it has tables of its own, all partitions in one process: its dedup keys,
 daily counters and inflight marks are those of high-priority deliveries only
@@ -28,7 +32,7 @@ import os
 
 from .topics import DEVICES, PREFERENCES, PRIORITY
 
-__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs", "main_nice", "lower_priority"]
+__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs", "offset_peers", "main_nice", "lower_priority"]
 
 ROLES = ("all", "main", "priority")
 ROLE = os.environ.get("NOTIFY_ROLE") or "all"
@@ -51,6 +55,18 @@ def runs(topic: str, role: str = ROLE) -> bool:
 def app_id(role: str = ROLE) -> str:
     """The Faust app id (= consumer group, and the prefix of the tables' changelogs)."""
     return "notify-priority" if role == "priority" else "notify"
+
+
+def offset_peers(role: str = ROLE) -> dict[str, tuple[str, ...]]:
+    """Topic → the other consumer group that reads it when the deployment runs the
+    other way (``app.offset_peers``, used by the transport's consumer when it seeks
+    to its committed offsets). The priority topics are read by ``notify`` while
+    workers run ``all`` and by ``notify-priority`` once they run ``main`` +
+    ``priority``: a group starts such a partition from the furthest of its own and
+    the other's committed offsets, so a switch either way goes on where the other
+    group stopped instead of sending retained OTPs again."""
+    other = app_id("all") if app_id(role) == app_id("priority") else app_id("priority")
+    return {topic: (other,) for topic in PRIORITY}
 
 
 def main_nice() -> int:

@@ -307,6 +307,7 @@ class Consumer(FastDrain, base.Consumer):
         client = await self.transport.client()
         fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
         committed = await client.hmget(keys.offsets(self.app.conf.id), fields)
+        committed = await self._handed_over(client, tps, fields, committed)
         missing = [tp for tp, c in zip(tps, committed) if c is None]
         if self.app.conf.consumer_auto_offset_reset == "latest":
             start = await self.highwaters(*missing)
@@ -322,6 +323,27 @@ class Consumer(FastDrain, base.Consumer):
             self._read_offset[tp] = self._pos[tp] or None
         self._epoch += 1
         return result
+
+    async def _handed_over(self, client: Any, tps: list, fields: list, committed: list) -> list:
+        """The committed offsets, each raised to the furthest committed by a group that
+        takes turns with this one on the topic (``app.offset_peers``: topic → group
+        ids). Two groups that read the same topic one after the other (a deployment
+        switched between roles, pipeline/roles.py) thereby start where the other
+        stopped, instead of from the earliest retained entry (or from their own
+        position of before the switch) and handling it all again."""
+        peers: Mapping[str, Any] = getattr(self.app, "offset_peers", None) or {}
+        groups = sorted({g for tp in tps for g in peers.get(tp.topic, ())})
+        if not groups:
+            return committed
+        keys = self.transport.keys
+        theirs = {g: await client.hmget(keys.offsets(g), fields) for g in groups}
+        out = list(committed)
+        for i, tp in enumerate(tps):
+            for g in peers.get(tp.topic, ()):
+                other = theirs[g][i]
+                if other is not None and (out[i] is None or int(other) > int(out[i])):
+                    out[i] = other
+        return out
 
     async def _seek(self, partition: TP, offset: int) -> None:
         self._pos[partition] = max(0, offset)

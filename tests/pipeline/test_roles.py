@@ -65,3 +65,63 @@ def test_main_and_priority_workers_together_deliver_every_priority(redis_url, tm
     assert pipe.committed("notify.send.sms.high", "notify-priority") == len(users)
     assert pipe.committed("notify.events", "notify") == len(users)
     assert "Traceback" not in pipe.log("main") + pipe.log("priority")
+
+
+def test_offset_peers_pair_the_groups_on_the_priority_topics_only():
+    for role, other in (("all", "notify-priority"), ("main", "notify-priority"), ("priority", "notify")):
+        peers = roles.offset_peers(role)
+        assert set(peers) == set(T.PRIORITY)
+        assert all(groups == (other,) for groups in peers.values())
+
+
+def _highwater(url: str, topic: str, partitions: int) -> int:
+    import redis
+
+    from pipeline.transport.keys import Keys
+
+    r = redis.Redis.from_url(url)
+    try:
+        return sum(int(v or 0) for v in r.mget([Keys().counter(topic, p) for p in range(partitions)]))
+    finally:
+        r.close()
+
+
+def test_switching_roles_either_way_goes_on_where_the_other_group_stopped(redis_url, tmp_path):
+    """all → main + priority → all: each time the group that takes over the high
+    topics starts where the other stopped, so no OTP is planned (or sent) twice."""
+    pipe = Pipeline(redis_url, tmp_path)
+    users = [{"user_id": f"s{i}", "phone": f"+1555020{i:04d}", "version": 1} for i in range(20, 26)]
+    pipe.preferences(users)
+
+    def otps(round_: int) -> None:
+        pipe.events([{"biz_key": f"otp{round_}:{u['user_id']}", "category": "otp", "template": "otp",
+                      "channels": ["sms"], "recipients": [u["user_id"]], "params": {"code": "123456"}}
+                     for u in users])
+        n = round_ * len(users)
+        pipe.wait_rows(lambda r: sum(v["status"] == "ACCEPTED" for v in r.values()) >= n, 60, f"{n} OTPs accepted")
+        pipe.wait_committed({"notify.events.high": n, "notify.send.sms.high": n}, group=group)
+
+    try:
+        group = "notify"
+        pipe.start("all-1")
+        otps(1)
+        pipe.stop()
+
+        group = "notify-priority"
+        pipe.start("main", NOTIFY_ROLE="main", NOTIFY_MAIN_NICE="0")
+        pipe.start("priority", NOTIFY_ROLE="priority")
+        otps(2)
+        pipe.stop()
+
+        group = "notify"
+        pipe.start("all-2")
+        otps(3)
+    finally:
+        pipe.stop()
+    # each event planned once: a group starting from the earliest entry (or from its
+    # own position of before the switch) would have planned the earlier rounds again
+    assert _highwater(redis_url, "notify.intents.high", pipe.partitions) == 3 * len(users)
+    assert _highwater(redis_url, "notify.send.sms.high", pipe.partitions) == 3 * len(users)
+    assert sum(pipe.attempts().values()) == 3 * len(users)
+    logs = "".join(pipe.log(n) for n in ("all-1", "main", "priority", "all-2"))
+    assert "Traceback" not in logs
