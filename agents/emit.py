@@ -1,21 +1,30 @@
 """Sending what the rules decided: outcomes, timers, dead letters, lane deliveries."""
 
 import time
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from pipeline import clock, metrics
-from pipeline.app import dlq_topic, lane_topics, outcomes_topic, timers_topic
+from pipeline.app import app, dlq_topic, lane_topics, outcomes_topic, timers_topic
 from pipeline.models import DeadLetter, Delivery, Outcome, Timer
+
+
+async def send(topic: Any, key: str, value: Any) -> None:
+    """``await topic.send(key=key, value=value)`` for a topic keyed by text with a
+    record value, handed straight to the producer: the same entry (key UTF-8,
+    value the record's JSON), partitioned and queued by the same producer
+    (pipeline/transport/producer.py), without Faust's objects per send (message,
+    future message, schema and sensor calls). The hops' sends go through here."""
+    await app.producer.send(topic.get_topic_name(), key.encode(), value.dumps(), None, None, None)
 
 
 async def outcomes(items: Iterable[Outcome]) -> None:
     for o in items:
         metrics.outcomes.labels(o.state, o.reason or "").inc()
-        await outcomes_topic.send(key=o.user_id, value=o)
+        await send(outcomes_topic, o.user_id, o)
 
 
 async def timer(user_id: str, t: Timer) -> None:
-    await timers_topic.send(key=user_id, value=t)
+    await send(timers_topic, user_id, t)
 
 
 async def retry(d: Delivery) -> None:
@@ -25,7 +34,7 @@ async def retry(d: Delivery) -> None:
 
 
 async def deliver(d: Delivery) -> None:
-    await lane_topics[(d.channel, d.priority)].send(key=d.user_id, value=d)
+    await send(lane_topics[(d.channel, d.priority)], d.user_id, d)
 
 
 async def dead_letter(source: str, reason: str, payload: bytes | str, *, detail: Optional[str] = None,

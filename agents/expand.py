@@ -35,7 +35,7 @@ async def expand(stream):
         priority = ev.priority or settings.category(ev.category).priority
         out = intents_topics[priority]
         for user in ev.recipients:
-            await out.send(key=user, value=Intent(
+            await emit.send(out, user, Intent(
                 notification_id=notification_id(ev.biz_key, user),
                 biz_key=ev.biz_key,
                 user_id=user,

@@ -2,6 +2,8 @@
 
 Faust's Monitor sensor, kept off the per-event path.
 
+Records built without Faust's field descriptors: :func:`direct_init`.
+
 Faust adds its ``Monitor`` to the app's sensors when a worker starts, and the
 sensors are called on every message in and out, every stream event in and out,
 every send and every table read and write: a dict built, clocks read and deques
@@ -31,7 +33,7 @@ from typing import Any
 
 from faust.sensors.base import SensorDelegate
 
-__all__ = ["LeanSensors", "lean_sensors", "tune_gc", "use_fast_loop"]
+__all__ = ["LeanSensors", "direct_init", "lean_sensors", "tune_gc", "use_fast_loop"]
 
 
 class LeanSensors(SensorDelegate):
@@ -84,3 +86,46 @@ def use_fast_loop() -> str:
     except ImportError:
         return "asyncio"
     return "uvloop"
+
+
+def direct_init(cls: type) -> type:
+    """Give a ``faust.Record`` class an ``__init__`` that writes its fields straight
+    into the instance's ``__dict__``.
+
+    Faust's generated ``__init__`` assigns each field through its descriptor,
+    whose ``__set__`` calls ``prepare_value`` (the identity unless the field
+    coerces) and checks for a tag: a few method calls per field, 9 µs for an
+    Outcome's 19 fields against 1.5 µs here, and the pipeline builds about eight
+    records per notification. The result is the same ``__dict__``
+    (tests/pipeline/test_record_init.py); a class whose fields coerce, validate or
+    are tagged keeps Faust's. Faust's ``__init__`` still does
+    what this one does not: records decoded by Faust (``__strict__=False``) and
+    unexpected arguments (its TypeError)."""
+    opts: Any = cls._options  # type: ignore[attr-defined]
+    descriptors = opts.descriptors
+    # (a field coerced lazily, a nested record or a container, is coerced when read,
+    # by the descriptor's __get__, whichever __init__ wrote it)
+    if opts.coerce or opts.validation or hasattr(cls, "__post_init__") or any(
+        d.coerce or d.tag for d in descriptors.values()
+    ):
+        return cls
+    fields = list(opts.fieldpos.values())
+    required = [f for f in fields if f not in opts.optionalset]
+    optional = [f for f in fields if f in opts.optionalset]
+    args = required + optional
+    signature = ", ".join(["self", *required, *(f"{f}=None" for f in optional), "*", "__strict__=True",
+                           "__faust=None", "**kwargs"])
+    values = [f"{f!r}: {f}" for f in required] + [f"{f!r}: {f} if {f} is not None else _d_{f}" for f in optional]
+    source = (
+        f"def __init__({signature}):\n"
+        f"    if kwargs or not __strict__:\n"
+        f"        return _faust_init(self, {', '.join(args)}, __strict__=__strict__, __faust=__faust, **kwargs)\n"
+        f"    self.__dict__.update({{'__evaluated_fields__': set(), {', '.join(values)}}})\n"
+    )
+    scope: dict[str, Any] = {"_faust_init": cls.__init__, **{f"_d_{f}": opts.defaults[f] for f in optional}}
+    exec(compile(source, f"<direct_init {cls.__name__}>", "exec"), scope)  # noqa: S102 - our own fields
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__name__}.__init__"
+    cls.__init__ = init  # type: ignore[misc]
+    cls._faust_init = scope["_faust_init"]  # type: ignore[attr-defined]
+    return cls

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import faust
 
 from . import codecs as _codecs  # noqa: F401  (registers "orjson")
+from .lean import direct_init
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -241,3 +242,8 @@ class Receipt(_Record):
     at: float
     error: Optional[str] = None
     v: int = SCHEMA_VERSION
+
+
+# fields written straight into each record, not through Faust's descriptors (pipeline/lean.py)
+for _cls in (Event, Intent, Delivery, Attempt, Outcome, Preferences, DeviceUpdate, Timer, DeadLetter, Receipt):
+    direct_init(_cls)

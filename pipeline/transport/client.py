@@ -44,6 +44,40 @@ TRANSIENT_ERRORS = (
 )
 
 
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - hiredis comes with redis[hiredis]
+    _hiredis_pack = None
+
+
+class _HiredisPack:
+    """Commands packed by hiredis (C) instead of redis-py's asyncio packer.
+
+    redis-py's asyncio connection packs in Python and copies its buffer once per
+    argument: 278 µs for an EVALSHA of 100 messages (the producer's per-partition
+    call, five arguments a message), 44 µs with hiredis; 27 against 4 µs for an
+    XREAD of 30 streams. The bytes are the same (tests/transport/test_client.py).
+    Arguments hiredis does not take (None, bool) go to redis-py's packer, which
+    raises its own DataError."""
+
+    def pack_command(self, *args: Any) -> list:
+        first = args[0]
+        if isinstance(first, str):
+            first = first.encode()
+        if b" " in first:  # "SCRIPT LOAD": the words are separate arguments
+            args = tuple(first.split()) + args[1:]
+        try:
+            return [_hiredis_pack(args)]
+        except TypeError:
+            return super().pack_command(*args)  # type: ignore[misc]
+
+
+def _packed(connection_class: type) -> type:
+    if _hiredis_pack is None or issubclass(connection_class, _HiredisPack):
+        return connection_class
+    return type(f"Packed{connection_class.__name__}", (_HiredisPack, connection_class), {})
+
+
 def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
@@ -104,6 +138,8 @@ async def connect(
     last: BaseException | None = None
     for attempt in range(attempts):
         client: Any = aioredis.Redis.from_url(_client_url(u), **opts)
+        pool = client.connection_pool
+        pool.connection_class = _packed(pool.connection_class)
         try:
             info = await client.info("cluster")
             if info.get("cluster_enabled") in (1, "1"):

@@ -89,7 +89,8 @@ class Consumer(FastDrain, base.Consumer):
         self._hw: dict[TP, int] = {}
         self._epoch = 0
         self._generation = 0
-        self._key_tp: dict[bytes, TP] = {}
+        self._key_tp: dict[bytes, TP] = {}  # stream key -> partition (replies)
+        self._tp_key: dict[TP, str] = {}  # partition -> stream key (reads)
         self._rebalance_wanted = asyncio.Event()
         self._rebalance_lock = asyncio.Lock()
         self._commit_script: Any = None
@@ -259,7 +260,7 @@ class Consumer(FastDrain, base.Consumer):
             self.app.on_rebalance_start()
             await self.on_partitions_revoked(set(self._assigned))
             self._assigned = new
-            self._key_tp = {transport.keys.stream(tp.topic, tp.partition).encode(): tp for tp in new}
+            self._index_streams(new)
             self._generation += 1
             self.app.consumer_generation_id = self._generation
             self._set_assignor(new)
@@ -270,6 +271,13 @@ class Consumer(FastDrain, base.Consumer):
                 self._generation, sorted(owned), self.leases.slots, len(new),
             )
             await self.on_partitions_assigned(set(new), generation_id=self._generation)
+
+    def _index_streams(self, tps: Set[TP]) -> None:
+        """The stream key of each assigned partition, both ways (a read names
+        every assigned partition's stream: not formatted again per read)."""
+        keys = self.transport.keys
+        self._tp_key = {tp: keys.stream(tp.topic, tp.partition) for tp in tps}
+        self._key_tp = {key.encode(): tp for tp, key in self._tp_key.items()}
 
     async def _fence_changelogs(self, tps: Set[TP]) -> None:
         changelogs = self.app.tables.changelog_topics
@@ -433,7 +441,8 @@ class Consumer(FastDrain, base.Consumer):
             return {}
         keys = self.transport.keys
         pos = self._pos
-        streams = {keys.stream(tp.topic, tp.partition): after_id(pos.get(tp, 0)) for tp in tps}
+        tp_key = self._tp_key
+        streams = {tp_key.get(tp) or keys.stream(tp.topic, tp.partition): after_id(pos.get(tp, 0)) for tp in tps}
         epoch, generation = self._epoch, self._generation
         # A partition paused on a full stream buffer may resume any moment, and a
         # blocked XREAD would not see it until its timeout (which the server only

@@ -261,7 +261,7 @@ class ElasticConsumer(Consumer):
             await self.on_partitions_revoked(set(self._assigned))
         m.drop_all()
         self._assigned = set()
-        self._key_tp = {}
+        self._index_streams(set())
         self._generation += 1
         self._epoch += 1
         m.revoked_gen = 0
@@ -315,7 +315,7 @@ class ElasticConsumer(Consumer):
         if not self.app.rebalancing:
             self.app.on_rebalance_start()
         self._assigned = tps
-        self._key_tp = {self.transport.keys.stream(tp.topic, tp.partition).encode(): tp for tp in tps}
+        self._index_streams(tps)
         self._generation += 1
         self.app.consumer_generation_id = self._generation
         assignor: Any = self.app.assignor
