@@ -311,6 +311,10 @@ class Consumer(FastDrain, base.Consumer):
         tps = sorted(self._assigned)
         if not tps:
             return {}
+        # the batch being delivered is stale from now on, not only once the offsets
+        # are read: what the drain delivered while this awaited was delivered again
+        # from the committed offsets (a bad entry dead-lettered twice at start-up)
+        self._epoch += 1
         keys = self.transport.keys
         client = await self.transport.client()
         fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
@@ -489,6 +493,12 @@ class Consumer(FastDrain, base.Consumer):
         do once the batch is stale: the seek or rebalance set the positions."""
         if self.batch_is_current(lane) and self._pos.get(tp, 0) > offset:
             self._pos[tp] = offset
+
+    def batch_generation_is_current(self, lane: str = MAIN) -> bool:
+        """False once a rebalance happened after the lane's last batch was fetched:
+        what it delivered carries the old generation, and the streams drop it."""
+        stamp = self._batch_stamps.get(lane)
+        return stamp is not None and stamp[1] == self._generation
 
     def batch_is_current(self, lane: str = MAIN) -> bool:
         """False once a seek or rebalance happened after the lane's last batch was

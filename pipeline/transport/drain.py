@@ -24,11 +24,14 @@ fetched before it is dropped, not delivered, and what was delivered past the new
 position is delivered again (``Consumer.seek_to_committed`` resets the read
 offsets). Deliveries that raced the recovery were otherwise skipped by the
 streams and acknowledged, i.e. lost (tests/pipeline/test_startup_backlog.py).
-A delivery whose callback was still waiting when the seek came must not then
-record its offset as the last one delivered: everything the seek reads again
-below it would be skipped as a duplicate, never acknowledged, and the
-partition's commit would stall there for good (seen under a profiler, which
-slowed a worker into a rebalance; tests/transport/test_drain.py).
+A delivery whose callback was still waiting when a rebalance came must not
+then record its offset as the last one delivered: the streams drop it (old
+generation), and everything the rebalance's seek reads again below it would be
+skipped as a duplicate, never handled nor acknowledged, and the partition's
+commit would stall there for good (seen under a profiler, which slowed a worker
+into a rebalance; tests/transport/test_drain.py). After a seek within a
+generation (the end of a recovery), what was delivered stays delivered: the
+streams handle it, and reading it again would handle it twice.
 
 Faust also pauses a partition whose stream buffer is under pressure, and when
 every assigned partition is paused its fetcher sleeps a whole second before
@@ -150,6 +153,7 @@ class FastDrain:
         sleep = asyncio.sleep
         app = this.app
         batch_is_current = this.batch_is_current
+        generation_is_current = this.batch_generation_is_current
         fc_active = app.flow_control.is_active
         yield_every = 100
         since_yield = 0
@@ -179,11 +183,13 @@ class FastDrain:
                         await this.wait_first(callback(message), this.suspend_flow.wait())
                     else:
                         await callback(message)
-                    if batch_is_current(lane):
+                    if generation_is_current(lane):
                         read_offset[tp] = offset
-                    # else a seek moved the read offsets while the callback waited
-                    # (on flow control, on the producer): keep the seek's, or what it
-                    # reads again from there is taken for delivered and never acked
+                    # else a rebalance came while the callback waited (on flow
+                    # control, on the producer): the streams drop this delivery (old
+                    # generation), so keep the read offset the rebalance's seek set,
+                    # or what it reads again up to here is taken for delivered and
+                    # never handled nor acked
         except asyncio.CancelledError:
             if this.transport.app.should_stop:
                 return

@@ -29,8 +29,9 @@ class _Drain(FastDrain):
         self._stopped = asyncio.Event()
         self.suspend_flow = asyncio.Event()
         self.should_stop = False
-        self.stamp = 0  # the epoch of the last batch fetched
+        self.stamp = (0, 0)  # (epoch, generation) of the last batch fetched
         self.epoch = 0
+        self.generation = 0
         self.app = SimpleNamespace(
             topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
             rebalancing=False,
@@ -38,13 +39,16 @@ class _Drain(FastDrain):
         )
 
     def batch_is_current(self, lane: str = MAIN) -> bool:
-        return self.stamp == self.epoch
+        return self.stamp == (self.epoch, self.generation)
+
+    def batch_generation_is_current(self, lane: str = MAIN) -> bool:
+        return self.stamp[1] == self.generation
 
     async def getmany(self, timeout: float):
         if not self.batches:
             self._stopped.set()
             return
-        self.stamp = self.epoch
+        self.stamp = (self.epoch, self.generation)
         for offset in self.batches.pop(0):
             yield TP0, SimpleNamespace(offset=offset, topic=TP0.topic)
 
@@ -54,24 +58,38 @@ class _Drain(FastDrain):
             await self.release.wait()  # e.g. on flow control, or a full producer buffer
         self.delivered.append(message.offset)
 
-    def seek(self, offset: int) -> None:
-        """What Consumer.seek_to_committed does to the drain's state."""
+    def seek(self, offset: int, rebalance: bool) -> None:
+        """What Consumer.seek_to_committed does to the drain's state (after a
+        rebalance, with a new generation)."""
         self._read_offset[TP0] = offset
         self.epoch += 1
+        self.generation += rebalance
 
 
-async def test_a_seek_while_a_delivery_waits_is_not_undone_by_it():
+async def _run(d: _Drain, rebalance: bool) -> None:
+    task = asyncio.ensure_future(d._drain(SimpleNamespace(_stopped=asyncio.Event()), d.getmany, MAIN))
+    await asyncio.wait_for(d.blocked.wait(), 5)
+    d.seek(10, rebalance)
+    d.release.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_rebalance_while_a_delivery_waits_is_not_undone_by_it():
     # 10..12 fetched; 11's delivery waits; meanwhile a rebalance seeks back to the
     # committed offset 10, and the read from there returns 10..13 again
     d = _Drain([[10, 11, 12], [10, 11, 12, 13]], block_on=11)
-    task = asyncio.ensure_future(d._drain(SimpleNamespace(_stopped=asyncio.Event()), d.getmany, MAIN))
-    await asyncio.wait_for(d.blocked.wait(), 5)
-    d.seek(10)
-    d.release.set()
-    await asyncio.wait_for(task, 5)
-    # 12 of the stale batch is dropped, and the re-read delivers from 10 again:
-    # before the fix, 11's late bookkeeping made 10..11 look delivered (skipped,
-    # never acked, the partition's commit stuck below them)
+    await _run(d, rebalance=True)
+    # 12 of the stale batch is dropped, and the re-read delivers from 10 again (the
+    # streams drop the old generation's 10 and 11): before the fix, 11's late
+    # bookkeeping made 10..11 look delivered (never handled nor acked, the
+    # partition's commit stuck below them)
     assert d.delivered == [10, 11, 10, 11, 12, 13]
     assert d._read_offset[TP0] == 13
 
+
+
+async def test_a_seek_within_the_generation_delivers_nothing_twice():
+    # the end of a recovery: same generation, the streams handle what was delivered
+    d = _Drain([[10, 11, 12], [10, 11, 12, 13]], block_on=11)
+    await _run(d, rebalance=False)
+    assert d.delivered == [10, 11, 11, 12, 13]  # 11 again: Faust's ">= read offset"
