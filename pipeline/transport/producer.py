@@ -25,7 +25,7 @@ from .scripts import PRODUCE
 if TYPE_CHECKING:
     from . import Transport
 
-__all__ = ["Producer", "ProducerFenced", "normalize_headers"]
+__all__ = ["Producer", "ProducerFenced", "normalize_headers", "retry_transient"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,19 @@ MAX_UNWRITTEN = 20_000
 
 class ProducerFenced(RuntimeError):
     """A changelog write by a worker that no longer owns the partition."""
+
+
+async def retry_transient(call: Any, what: str, first_delay: float = 0.05, max_delay: float = 2.0) -> Any:
+    """``await call()`` until it does not fail with a transient broker error (lost
+    connection, server loading), backing off from ``first_delay`` to ``max_delay``."""
+    delay = first_delay
+    while True:
+        try:
+            return await call()
+        except TRANSIENT_ERRORS as exc:
+            log.warning("%s failed (%s); retrying in %.2fs", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
 
 
 def normalize_headers(headers: Any) -> list[tuple[str, bytes]]:
@@ -126,7 +139,9 @@ class Producer(base.Producer):
     ) -> Awaitable[RecordMetadata]:
         if partition is None:
             if self.transport.partitions_cached(topic) is None:
-                await self.transport.partitions(topic)
+                # the first send to a topic looks its partitions up: wait out a broker
+                # blip here, as the writes do, instead of crashing the sending agent
+                await retry_transient(lambda: self.transport.partitions(topic), f"partitions of {topic}")
             partition = self.transport.partition_for(topic, key)
         return self._enqueue(topic, partition, key, value, timestamp, headers)
 

@@ -39,3 +39,28 @@ async def test_a_transport_client_packs_with_hiredis_and_works(redis_url):
         assert await client.execute_command("SCRIPT LOAD", "return 1")
     finally:
         await client.aclose()
+
+
+async def test_retry_transient_waits_out_a_broker_blip_and_passes_other_errors():
+    from redis.exceptions import BusyLoadingError, ConnectionError as RedisConnectionError
+
+    from pipeline.transport.producer import retry_transient
+
+    calls = []
+
+    async def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RedisConnectionError("Connection closed by server.")
+        if len(calls) == 2:
+            raise BusyLoadingError("loading the dataset in memory")
+        return 8
+
+    assert await retry_transient(flaky, "partitions of t", first_delay=0.001) == 8
+    assert len(calls) == 3
+
+    async def broken():
+        raise ValueError("not a broker blip")
+
+    with pytest.raises(ValueError):
+        await retry_transient(broken, "x", first_delay=0.001)
