@@ -11,10 +11,12 @@ from pipeline.models import DeadLetter, Delivery, Outcome, Timer
 async def send(topic: Any, key: str, value: Any) -> None:
     """``await topic.send(key=key, value=value)`` for a topic keyed by text with a
     record value, handed straight to the producer: the same entry (key UTF-8,
-    value the record's JSON), partitioned and queued by the same producer
-    (pipeline/transport/producer.py), without Faust's objects per send (message,
-    future message, schema and sensor calls). The hops' sends go through here."""
-    await app.producer.send(topic.get_topic_name(), key.encode(), value.dumps(), None, None, None)
+    value the record's JSON), partitioned and queued by the same producer and
+    written before the next commit (pipeline/transport/producer.py
+    ``send_record``), without Faust's objects per send (message, future
+    message, schema and sensor calls) nor a future for the result, which no
+    sender here awaited. The hops' sends go through here."""
+    await app.producer.send_record(topic.get_topic_name(), key.encode(), value.dumps())
 
 
 async def outcomes(items: Iterable[Outcome]) -> None:

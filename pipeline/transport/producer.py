@@ -153,11 +153,12 @@ class Producer(base.Producer):
         value: Optional[bytes],
         timestamp: Any,
         headers: Any,
-        fut: Optional[asyncio.Future] = None,
+        fut: Any = None,
         soon: Any = None,
     ) -> "asyncio.Future[RecordMetadata]":
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
+        # fut False: nobody waits for this message (send_record), only the flush does
         q = self._priority if topic in self._priority_topics or in_priority_task() else self._main
         q.pending.append(
             (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers), fut, soon)
@@ -165,6 +166,16 @@ class Producer(base.Producer):
         q.enqueued += 1
         q.wakeup.set()
         return fut
+
+    async def send_record(self, topic: str, key: bytes, value: bytes) -> None:
+        """Queue one entry of a topic (partitioned by ``key``) without a future for
+        its result: what ``send`` does, for senders that never await the write
+        (a commit still waits for it: :meth:`flush` counts what was queued). A
+        write that fails for good is logged."""
+        transport = self.transport
+        if transport.partitions_cached(topic) is None:
+            await retry_transient(lambda: transport.partitions(topic), f"partitions of {topic}")
+        self._enqueue(topic, transport.partition_for(topic, key), key, value, None, None, False)
 
     def send_soon(self, fut: FutureMessage) -> None:
         """Table changelog writes (and any ``Topic.send_soon``) go straight into the
@@ -189,7 +200,7 @@ class Producer(base.Producer):
 
     def _resolve(self, item: tuple, md: RecordMetadata) -> None:
         fut, soon = item[6], item[7]
-        if fut.done():
+        if fut is False or fut.done():
             return
         fut.set_result(md)
         if soon is not None:  # a FutureMessage: what Faust does once it is sent
@@ -199,6 +210,9 @@ class Producer(base.Producer):
 
     def _fail(self, item: tuple, exc: BaseException) -> None:
         fut, soon = item[6], item[7]
+        if fut is False:
+            log.error("send to %s[%d] failed: %s", item[0], item[1], exc)
+            return
         if fut.done():
             return
         fut.set_exception(exc)
