@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pipeline import topics as T
-from pipeline.roles import app_id
+from pipeline.roles import app_id, offset_peers
 from pipeline.transport.keys import Keys
 
 __all__ = [
@@ -68,7 +68,9 @@ events_duplicate = Counter(
 )
 
 GROUP = app_id("main")  # the Faust app id = consumer group
-PRIORITY_GROUP = app_id("priority")  # NOTIFY_ROLE=priority (pipeline/roles.py)
+#: topic -> the group that reads it instead of GROUP when the high-priority path
+#: runs in a process of its own (NOTIFY_ROLE=priority, pipeline/roles.py)
+PEERS = offset_peers("main")
 
 
 def agent_of(topic: str) -> str:
@@ -193,22 +195,21 @@ class LagSampler:
         counts = await self._topics()
         keys = self.keys
         pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(keys.offsets(self.group))
-        pipe.hgetall(keys.offsets(PRIORITY_GROUP))
+        groups = [self.group] + sorted({g for gs in PEERS.values() for g in gs})
+        for g in groups:
+            pipe.hgetall(keys.offsets(g))
         order = []
         for topic, n in counts.items():
             for p in range(n):
                 pipe.get(keys.counter(topic, p))
                 order.append((topic, p))
         res = await pipe.execute()
-        committed_raw, priority_raw = _str_keys(res[0]), _str_keys(res[1])
-        hw = {tp: _int(v) for tp, v in zip(order, res[2:])}
-        cm = {tp: _int(committed_raw.get(keys.tp_field(*tp))) for tp in order}
-        for tp in order:
-            # the high-priority path may run as a group of its own (pipeline/roles.py);
-            # only one of the two groups reads these topics in a deployment
-            if tp[0] in T.PRIORITY:
-                cm[tp] = max(cm[tp], _int(priority_raw.get(keys.tp_field(*tp))))
+        committed = {g: _str_keys(h) for g, h in zip(groups, res)}
+        hw = {tp: _int(v) for tp, v in zip(order, res[len(groups):])}
+        # a topic the groups take turns on (PEERS) is as far as the furthest of them,
+        # as the consumer starts it (pipeline/transport/consumer.py _handed_over)
+        cm = {tp: max(_int(committed[g].get(keys.tp_field(*tp))) for g in (self.group, *PEERS.get(tp[0], ())))
+              for tp in order}
 
         # the oldest unprocessed entry of every partition that lags
         lagging = [tp for tp in order if hw[tp] > cm[tp]]

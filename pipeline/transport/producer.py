@@ -138,12 +138,16 @@ class Producer(base.Producer):
         transactional_id: Optional[str] = None,
     ) -> Awaitable[RecordMetadata]:
         if partition is None:
-            if self.transport.partitions_cached(topic) is None:
-                # the first send to a topic looks its partitions up: wait out a broker
-                # blip here, as the writes do, instead of crashing the sending agent
-                await retry_transient(lambda: self.transport.partitions(topic), f"partitions of {topic}")
-            partition = self.transport.partition_for(topic, key)
+            partition = await self._partition_for(topic, key)
         return self._enqueue(topic, partition, key, value, timestamp, headers)
+
+    async def _partition_for(self, topic: str, key: Optional[bytes]) -> int:
+        transport = self.transport
+        if transport.partitions_cached(topic) is None:
+            # the first send to a topic looks its partitions up: wait out a broker
+            # blip here, as the writes do, instead of crashing the sending agent
+            await retry_transient(lambda: transport.partitions(topic), f"partitions of {topic}")
+        return transport.partition_for(topic, key)
 
     def _enqueue(
         self,
@@ -172,10 +176,7 @@ class Producer(base.Producer):
         its result: what ``send`` does, for senders that never await the write
         (a commit still waits for it: :meth:`flush` counts what was queued). A
         write that fails for good is logged."""
-        transport = self.transport
-        if transport.partitions_cached(topic) is None:
-            await retry_transient(lambda: transport.partitions(topic), f"partitions of {topic}")
-        self._enqueue(topic, transport.partition_for(topic, key), key, value, None, None, False)
+        self._enqueue(topic, await self._partition_for(topic, key), key, value, None, None, False)
 
     def send_soon(self, fut: FutureMessage) -> None:
         """Table changelog writes (and any ``Topic.send_soon``) go straight into the
