@@ -54,6 +54,10 @@ _VERSION_RE = re.compile(r"^v([1-9][0-9]{0,5})$")
 _FILE_RE = re.compile(r"^(" + "|".join(CHANNEL_PARTS) + r")\.([A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*)\.j2$")
 _LOCALE_RE = re.compile(r"^[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*$")
 _WS_RE = re.compile(r"\s+")
+#: rendered contents remembered before the memo starts over
+RENDER_MEMO = 4096
+#: words in a template's source that keep its renders out of the memo
+_NOT_MEMO = ("random", "lipsum", "include", "import", "extends")
 _ELLIPSIS = "…"
 # Characters that only modify the one before them: never leave one dangling at a cut.
 _JOINERS = frozenset("\u200d\ufe0e\ufe0f")
@@ -128,6 +132,10 @@ class Renderer:
         self._html = ImmutableSandboxedEnvironment(autoescape=True, **common)
         self._compiled: dict[tuple[bool, str], Template] = {}
         self._index: dict[tuple[str, int, str], dict[str, str]] = {}
+        # rendered parts by (file, channel, params as canonical JSON): an event's
+        # recipients who share a locale get the same content, rendered once
+        self._rendered: dict[tuple[str, str, bytes], dict[str, str]] = {}
+        self._deterministic: dict[str, bool] = {}
         self.reload()
 
     @classmethod
@@ -155,6 +163,8 @@ class Renderer:
                         index.setdefault(key, {})[_norm_locale(fm.group(2))] = name
         self._index = index
         self._compiled = {}
+        self._rendered = {}
+        self._deterministic = {}
 
     def has_template(self, code: str, version: int, channel: str | None = None) -> bool:
         """Whether any locale of ``code`` v``version`` exists (for ``channel``, if given)."""
@@ -201,6 +211,38 @@ class Renderer:
         _, name = found
         # Non-string keys cannot be named in a template; dropping them keeps Jinja happy.
         variables = {k: v for k, v in (params or {}).items() if isinstance(k, str)}
+        memo_key = self._memo_key(name, channel, variables)
+        if memo_key is not None:
+            done = self._rendered.get(memo_key)
+            if done is not None:
+                return dict(done)
+        out = self._render(name, channel, parts, variables)
+        if memo_key is not None:
+            if len(self._rendered) >= RENDER_MEMO:
+                self._rendered.clear()
+            self._rendered[memo_key] = dict(out)
+        return out
+
+    def _memo_key(self, name: str, channel: str, variables: dict[str, Any]) -> tuple[str, str, bytes] | None:
+        """The key of a render in the memo, or None when it must not be remembered:
+        a template that can draw at random (the ``random`` filter, ``lipsum``) or
+        pulls in another file (which could), or params that are not plain JSON. The
+        params' key order is part of the key: a template may loop over them."""
+        det = self._deterministic.get(name)
+        if det is None:
+            try:
+                source = self._plain.loader.get_source(self._plain, name)[0]
+            except TemplateNotFound:
+                return None
+            det = self._deterministic[name] = not any(w in source for w in _NOT_MEMO)
+        if not det:
+            return None
+        try:
+            return name, channel, orjson.dumps(variables)
+        except TypeError:
+            return None
+
+    def _render(self, name: str, channel: str, parts: tuple[str, ...], variables: dict[str, Any]) -> dict[str, str]:
         out: dict[str, str] = {}
         try:
             plain = self._template(name, html=False)

@@ -336,7 +336,8 @@ class Producer(base.Producer):
                 base_offset = int(res)
                 tp = TP(topic, partition)
                 for i, item in enumerate(items):
-                    self._resolve(item, RecordMetadata(topic, partition, tp, base_offset + i, item[4], 0))
+                    if item[6] is not False:  # send_record's: nobody waits for its metadata
+                        self._resolve(item, RecordMetadata(topic, partition, tp, base_offset + i, item[4], 0))
         if reload:
             await client.script_load(PRODUCE)
         return retry

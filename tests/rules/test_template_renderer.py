@@ -292,3 +292,47 @@ def test_full_string_params_always_render(case, extra):
     out = R.render(code, 1, channel, locale, params)
     if "html" in out:
         assert "<script>" not in out["html"]
+
+
+# ------------------------------------------------------------------ render memo
+
+
+def test_same_params_render_once_and_callers_get_their_own_copy(tmp_path, monkeypatch):
+    r = make(tmp_path, {"t/v1/push.en.j2": "{% block title %}T {{ a }}{% endblock %}{% block body %}B{% endblock %}"})
+    calls = []
+    real = r._render
+    monkeypatch.setattr(r, "_render", lambda *a: calls.append(a) or real(*a))
+    first = r.render("t", 1, "push", "en", {"a": 1})
+    first["title"] = "changed by a caller"
+    again = r.render("t", 1, "push", "en", {"a": 1})
+    assert again == {"title": "T 1", "body": "B"} and len(calls) == 1
+    assert r.render("t", 1, "push", "en", {"a": 2})["title"] == "T 2" and len(calls) == 2
+
+
+def test_memo_keeps_param_order_apart(tmp_path):
+    r = make(tmp_path, {"t/v1/sms.en.j2": "{% for k in params %}{{ k }}{% endfor %}"})
+    assert r.render("t", 1, "sms", None, {"params": {"x": 1, "y": 2}})["body"] == "xy"
+    assert r.render("t", 1, "sms", None, {"params": {"y": 2, "x": 1}})["body"] == "yx"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ [1, 2, 3, 4, 5, 6, 7, 8, 9] | random }}",
+    "{{ lipsum(1, False, 1, 3) }}",
+    '{% include "t/v1/part.txt" %}',
+])
+def test_templates_that_may_draw_at_random_are_not_remembered(tmp_path, monkeypatch, source):
+    r = make(tmp_path, {"t/v1/sms.en.j2": source, "t/v1/part.txt": "{{ [1, 2] | random }}"})
+    calls = []
+    real = r._render
+    monkeypatch.setattr(r, "_render", lambda *a: calls.append(a) or real(*a))
+    r.render("t", 1, "sms", None, {})
+    r.render("t", 1, "sms", None, {})
+    assert len(calls) == 2
+
+
+def test_reload_forgets_what_was_rendered(tmp_path):
+    r = make(tmp_path, {"t/v1/sms.en.j2": "one"})
+    assert r.render("t", 1, "sms", None, {})["body"] == "one"
+    (tmp_path / "t/v1/sms.en.j2").write_text("two")
+    r.reload()
+    assert r.render("t", 1, "sms", None, {})["body"] == "two"

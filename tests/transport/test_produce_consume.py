@@ -122,3 +122,23 @@ def test_commit_stop_restart_resumes_after_last_commit(redis_url, redis_sync, tm
     for p, off, _v in second:
         firsts.setdefault(p, off)
     assert firsts == {p: committed[p] for p in firsts}
+
+
+def test_partition_memo_matches_the_partitioner_and_stays_bounded(monkeypatch):
+    import pipeline.transport as transport_mod
+
+    monkeypatch.setattr(transport_mod, "PARTITION_MEMO", 50)
+    t = Transport(["redis://127.0.0.1:6379/0"], faust.App("memo", broker="memory://", topic_partitions=8))
+    parts = list(range(8))
+    for i in range(500):
+        key = f"u{i % 120}".encode()
+        assert t.partition_for("any", key) == DefaultPartitioner()(key, parts, parts)
+    assert len(t._by_key[8]) <= 50
+    assert t.partition_for("any", None) in parts  # no key: a pick, never remembered
+    assert None not in t._by_key[8]
+
+    picks = iter(range(10**6))
+    custom = Transport(["redis://127.0.0.1:6379/0"], faust.App(
+        "memo2", broker="memory://", topic_partitions=8,
+        producer_partitioner=lambda key, all_, avail: next(picks) % len(all_)))
+    assert [custom.partition_for("any", b"same") for _ in range(3)] == [0, 1, 2]  # asked every time
