@@ -132,7 +132,7 @@ class Renderer:
         self._html = ImmutableSandboxedEnvironment(autoescape=True, **common)
         self._compiled: dict[tuple[bool, str], Template] = {}
         self._index: dict[tuple[str, int, str], dict[str, str]] = {}
-        # rendered parts by (file, channel, params as canonical JSON): an event's
+        # rendered parts by (file, channel, params as JSON in their order): an event's
         # recipients who share a locale get the same content, rendered once
         self._rendered: dict[tuple[str, str, bytes], dict[str, str]] = {}
         self._deterministic: dict[str, bool] = {}
