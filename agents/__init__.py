@@ -4,7 +4,7 @@
     guard.*    notify.intents.<priority> → outcomes, lanes, timers
     lane.*     notify.send.<channel>.<priority> → providers → outcomes, timers, dlq
     scheduler  notify.timers   → intents / lanes when due
-    records    notify.outcomes → SQLite record store
+    sink       (no stream) the outcomes every agent sends → SQLite record store
     receipts   notify.receipts → DELIVERED / UNDELIVERED
     preferences, devices       → the user tables
 

@@ -7,6 +7,8 @@ from pipeline import clock, metrics
 from pipeline.app import app, dlq_topic, lane_topics, outcomes_topic, timers_topic
 from pipeline.models import DeadLetter, Delivery, Outcome, Timer
 
+from .sink import records
+
 
 async def send(topic: Any, key: str, value: Any) -> None:
     """``await topic.send(key=key, value=value)`` for a topic keyed by text with a
@@ -20,9 +22,13 @@ async def send(topic: Any, key: str, value: Any) -> None:
 
 
 async def outcomes(items: Iterable[Outcome]) -> None:
+    """Publish on notify.outcomes, and write the records (agents/sink.py)."""
+    items = list(items)
     for o in items:
         metrics.outcomes.labels(o.state, o.reason or "").inc()
         await send(outcomes_topic, o.user_id, o)
+    if items:
+        await records.add(items)
 
 
 async def timer(user_id: str, t: Timer) -> None:

@@ -24,7 +24,7 @@ from pipeline.store import InboxItem
 from pipeline.fair import turns_for
 from pipeline.take import take_ready
 from pipeline.transport import ProducerFenced
-from tables import inflight, preferences, put
+from tables import inflight, preferences, put, remember
 
 from . import emit
 
@@ -172,10 +172,11 @@ def make_lane(channel: str, priority: str):
                 if s.remove_token:
                     await devices_topic.send(key=d.user_id, value=DeviceUpdate(
                         user_id=d.user_id, token=s.remove_token, op="remove", at=time.time()))
-                # last, so it is written after the outcomes above: a crash in between
-                # leaves "calling", and the replay reconciles instead of skipping
-                put(inflight, partition, d.delivery_id,
-                    {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now()})
+                # cached until the commit, so it is written after the outcomes above and
+                # their records (agents/sink.py): a crash in between leaves "calling",
+                # and the replay reconciles and records instead of skipping
+                remember(inflight, partition, d.delivery_id,
+                         {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now()})
 
     lane.__name__ = f"lane_{channel}_{priority}"
     return app.agent(topic, name=f"lane.{channel}.{priority}")(lane)

@@ -47,7 +47,7 @@ OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES  # noqa: E402
+from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -609,7 +609,7 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             log(f"e2e: {len(items)} events produced in {res.produce_s:.1f}s; starting {WORKERS} workers")
 
             # 3. measure
-            consumed = [t for t in ALL if t != DLQ]
+            consumed = [t for t in ALL if t not in UNREAD]  # no agent reads the DLQ or the outcomes
             lag = Lag(r, consumed)
             # first event consumed = first message any agent produced (intents, dlq, ...)
             produced = [Keys().counter(t, p) for t in ALL if t not in (EVENTS, PREFERENCES, DEVICES)

@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.e2e import User, make_users  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES  # noqa: E402
+from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 
 GROUP = "notify"
@@ -326,7 +326,7 @@ class Sampler:
         self.procs = [psutil.Process(p) for p in pids]
         self.db = db
         self.aof_dir = aof_dir
-        consumed = [t for t in ALL if t != DLQ]
+        consumed = [t for t in ALL if t not in UNREAD]  # no agent reads the DLQ or the outcomes
         self.tps = [(t, p) for t in consumed for p in range(partitions)]
         self.con: Optional[sqlite3.Connection] = None
 

@@ -57,6 +57,12 @@ app = faust.App(
 lean_sensors(app)  # Faust's Monitor off the per-event path (pipeline/lean.py)
 app.priority_topics = T.PRIORITY  # their own fetch loop and producer queue (pipeline/transport/priority.py)
 app.offset_peers = roles.offset_peers()  # a switch of roles goes on where the other group stopped
+#: awaited by the producer's flush, before every commit: what else must be durable first
+#: (agents/sink.py: the records of the outcomes sent)
+app.commit_waits_for = []
+#: topics the workers write and no agent reads (analysts do): trimmed by age, and no
+#: further than any reader group has committed (pipeline/transport/retention.py)
+app.trim_written = set() if roles.ROLE == "priority" else {T.OUTCOMES}
 
 events_topics = [
     app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")

@@ -6,6 +6,7 @@
     notify outcomes tail         print the outcome stream
     notify dlq ls                list dead letters
     notify records show BIZ_KEY  the records of a business key
+    notify records replay        write the records again from the outcome stream
     notify status                lag per topic, leases, DLQ depth
 
 Errors are one clear line on stderr and a non-zero exit code.
@@ -291,6 +292,10 @@ def cmd_records(args) -> int:
     from pipeline.store import RecordStore
 
     settings = _settings()
+    if args.action == "replay":
+        return _replay_records(settings)
+    if not args.biz_key:
+        raise CLIError("records show needs a BIZ_KEY")
     if not Path(settings.db_path).exists():
         raise CLIError(f"no record store at {settings.db_path}")
 
@@ -312,8 +317,64 @@ def cmd_records(args) -> int:
     return 0
 
 
+def _replay_records(settings) -> int:
+    """Apply every outcome the stream still holds to the record store (created if
+    missing): the merge is idempotent and order-free, so this rebuilds lost records
+    and changes nothing already right. Entries that are not outcomes are counted
+    and skipped."""
+    import orjson
+
+    from pipeline.models import Outcome
+    from pipeline.rules.plan import DUPLICATE
+    from pipeline.rules.records import parse_outcome
+    from pipeline.rules.validate import InvalidEvent
+    from pipeline.store import InvalidOutcome, RecordStore
+    from pipeline.topics import OUTCOMES
+
+    async def replay() -> tuple[int, int]:
+        Path(settings.db_path).parent.mkdir(parents=True, exist_ok=True)
+        store = RecordStore(settings.db_path)
+        await store.open()
+        applied = skipped = 0
+        batch: list[Outcome] = []
+
+        async def apply() -> int:
+            try:
+                await store.apply_outcomes(batch)
+                return 0
+            except InvalidOutcome as exc:
+                bad = {id(o) for o in exc.outcomes}
+                await store.apply_outcomes([o for o in batch if id(o) not in bad])
+                return len(bad)
+
+        try:
+            for v in _read_topic(broker_url(settings), OUTCOMES, settings.partitions, False, None):
+                try:
+                    o = parse_outcome(orjson.loads(v or b"null"))
+                except (orjson.JSONDecodeError, InvalidEvent, TypeError, ValueError):
+                    skipped += 1
+                    continue
+                if o.reason == DUPLICATE:
+                    continue
+                batch.append(o)
+                if len(batch) >= 2000:
+                    skipped += await apply()
+                    applied += len(batch)
+                    batch = []
+            if batch:
+                skipped += await apply()
+                applied += len(batch)
+            return applied - skipped, skipped
+        finally:
+            await store.close()
+
+    applied, skipped = asyncio.run(replay())
+    print(json.dumps({"applied": applied, "skipped": skipped, "store": str(settings.db_path)}))
+    return 0
+
+
 def cmd_status(args) -> int:
-    from pipeline.topics import ALL
+    from pipeline.topics import ALL, UNREAD
     from pipeline.transport.keys import Keys
 
     settings = _settings()
@@ -328,8 +389,10 @@ def cmd_status(args) -> int:
         for p in range(settings.partitions):
             hw += int(r.get(keys.counter(topic, p)) or 0)
             cm += committed.get(keys.tp_field(topic, p), 0)
-        lag = hw - cm
-        print(f"{topic:34} {hw:>10} {cm:>10} {lag:>8}")
+        if topic in UNREAD:  # no agent reads it: a depth, no lag
+            print(f"{topic:34} {hw:>10} {'-':>10} {'-':>8}")
+            continue
+        print(f"{topic:34} {hw:>10} {cm:>10} {hw - cm:>8}")
     leases = {k.decode().rsplit(":", 1)[1]: r.get(k).decode() for k in r.scan_iter(keys.lease("notify", 0)[:-1] + "*")}
     print("slots:", ", ".join(f"{s}→{o}" for s, o in sorted(leases.items())) or "none held")
     from pipeline.transport.membership import format_group, read_group_sync
@@ -408,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-n", "--limit", type=int, default=100)
     d.set_defaults(fn=cmd_dlq)
     rec = sub.add_parser("records", help="the record store")
-    rec.add_argument("action", choices=["show"])
-    rec.add_argument("biz_key")
+    rec.add_argument("action", choices=["show", "replay"])
+    rec.add_argument("biz_key", nargs="?")
     rec.set_defaults(fn=cmd_records)
     dm = sub.add_parser("demo", help="mixed load against the simulators, then a summary")
     dm.add_argument("--events", type=int, default=2000)

@@ -23,9 +23,10 @@ The priority role is a consumer group of its own (app id ``notify-priority``),
 so it has tables of its own, all partitions in one process: its dedup keys,
 daily counters and inflight marks are those of high-priority deliveries only
 (no other role writes such keys), and it keeps its own copy of preferences and
-devices from notify.preferences / notify.devices, which both roles read. What
-it sends (outcomes, timers, dead letters) goes to the shared topics, which the
-main role handles (records, scheduler, receipts).
+devices from notify.preferences / notify.devices, which both roles read. It
+writes the records of its own outcomes (agents/sink.py); what it sends
+(outcomes, timers, dead letters) goes to the shared topics, and the main role
+handles the timers and receipts.
 """
 
 import os

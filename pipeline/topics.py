@@ -50,5 +50,10 @@ LANES = [(c, p) for c in CHANNELS for p in PRIORITIES]
 #: low-priority backlog in any stream never stands in front of an OTP
 PRIORITY = frozenset([EVENTS_HIGH, intents("high")] + [lane(c, "high") for c in CHANNELS])
 
+#: written by the pipeline and read by none of its agents: operators read the dead
+#: letters, analysts the outcomes (records are written where outcomes are made:
+#: agents/sink.py). No consumer lag to watch, only depth.
+UNREAD = frozenset([DLQ, OUTCOMES])
+
 USER_KEYED = INTENT_TOPICS + [OUTCOMES, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
 ALL = [EVENTS, EVENTS_HIGH, RECEIPTS, DLQ] + USER_KEYED

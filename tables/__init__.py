@@ -33,7 +33,7 @@ timers = app.Table("timers", default=None, value_type=Timer, partitions=_P)
 #: querying the providers, never blindly resent.
 inflight = app.Table("inflight", default=None, partitions=_P)
 
-__all__ += ["inflight", "put", "delete"]
+__all__ += ["inflight", "put", "remember", "delete"]
 
 
 def put(table, partition: int, key, value):
@@ -43,6 +43,18 @@ def put(table, partition: int, key, value):
     worker no longer owns the partition)."""
     table.data[key] = value
     return table.send_changelog(partition, key, value)
+
+
+def remember(table, partition: int, key, value) -> None:
+    """Set ``table[key]`` for an event of ``partition``, as ``put`` does, but written
+    with the table's cached changes at the next commit, after the records of the
+    outcomes sent before it (pipeline/transport/cache.py): for a change that says
+    the work is done."""
+    table.data[key] = value
+    if table.caching():
+        table.remember(partition, key, value)
+    else:
+        table.send_changelog(partition, key, value)
 
 
 def delete(table, partition: int, key):

@@ -74,7 +74,7 @@ PEERS = offset_peers("main")
 
 
 def agent_of(topic: str) -> str:
-    """The agent reading ``topic`` ('' when none: the DLQ)."""
+    """The agent reading ``topic`` ('' when none: pipeline/topics.py UNREAD)."""
     if topic.startswith("notify.send."):
         return "lane." + topic[len("notify.send."):]
     if topic.startswith(T.INTENTS + "."):
@@ -83,7 +83,6 @@ def agent_of(topic: str) -> str:
         T.EVENTS: "expand",
         T.EVENTS_HIGH: "expand.high",
         T.INTENTS: "guard",
-        T.OUTCOMES: "records",
         T.TIMERS: "scheduler",
         T.RECEIPTS: "receipts",
         T.PREFERENCES: "preferences",
@@ -212,7 +211,7 @@ class LagSampler:
               for tp in order}
 
         # the oldest unprocessed entry of every partition that lags
-        lagging = [tp for tp in order if hw[tp] > cm[tp]]
+        lagging = [tp for tp in order if hw[tp] > cm[tp] and tp[0] not in T.UNREAD]
         ages: dict[tuple[str, int], float] = {}
         if lagging:
             pipe = self.client.pipeline(transaction=False)
@@ -293,13 +292,13 @@ class LagCollector:
         for topic, tl in snap.topics.items():
             for p, (h, c, a) in enumerate(zip(tl.highwater, tl.committed, tl.oldest_age)):
                 hw.add_metric([topic, str(p)], h)
-                if topic == T.DLQ:
-                    continue  # nobody consumes it: its depth is below
+                if topic in T.UNREAD:
+                    continue  # no agent consumes it: only its depth (the DLQ's is below)
                 lv = [group, tl.agent, topic, str(p)]
                 lag.add_metric(lv, max(0, h - c))
                 age.add_metric(lv, a)
                 cm.add_metric(lv, c)
-            if topic != T.DLQ and tl.rate is not None:
+            if topic not in T.UNREAD and tl.rate is not None:
                 rate.add_metric([group, tl.agent, topic], tl.rate)
         yield lag
         yield age

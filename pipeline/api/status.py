@@ -88,9 +88,11 @@ async def status_document(sampler: Any, store: Any, client: Any, keys: Any) -> d
     snap = await sampler.snapshot()
     doc: dict[str, Any] = {"at": time.time(), "broker": {"ok": snap.ok, "error": snap.error}}
     topics = [tl.as_dict() for tl in snap.topics.values()]
-    doc["topics"] = [t for t in topics if not t["topic"].startswith("notify.send.") and t["topic"] != T.DLQ]
+    doc["topics"] = [t for t in topics if not t["topic"].startswith("notify.send.") and t["topic"] not in T.UNREAD]
     doc["lanes"] = [t for t in topics if t["topic"].startswith("notify.send.")]
     doc["dlq_depth"] = snap.dlq_depth if snap.ok else None
+    published = snap.topics.get(T.OUTCOMES)
+    doc["outcomes_published"] = sum(published.highwater) if snap.ok and published else None
     doc["breakers"] = breaker_states()
     try:
         doc["today"] = await store.counts_today()

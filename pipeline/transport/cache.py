@@ -13,19 +13,27 @@ replayed and make them again (at least once, as before).
 What bypasses the cache: :meth:`send_changelog` called directly (the
 ``tables.put`` / ``tables.delete`` helpers: writes that must be durable before a
 side effect, like the lanes' "calling" marks); it drops a cached older value of
-the same key, so the changelog never ends on a stale one.
+the same key, so the changelog never ends on a stale one. ``tables.remember``
+caches a write for an explicit partition (a batched agent's).
+
+A flush (before a commit, on a rebalance, or when too many keys are dirty) takes
+the dirty keys first, then waits for what a commit waits for first (the records
+of the outcomes sent: agents/sink.py), then sends them: the records of what a
+lane did are written before its "done" mark, whose replay would skip the work.
+Changes made meanwhile wait for the next flush.
 
 Use it with ``faust.App(..., Table=CachedTable)``. Flushing is wired into this
-transport (``Producer.flush`` calls :func:`flush_caches`); on another transport
+transport (``Producer.flush`` takes and sends the caches); on another transport
 (kafka://) nothing calls it, so the cache turns itself off
 (:meth:`CachedTable.caching`) and every write goes straight out.
 """
 
+import asyncio
 from typing import Any, Optional
 
 import faust
 
-__all__ = ["CachedTable", "flush_caches", "MAX_DIRTY"]
+__all__ = ["CachedTable", "commit_waits", "take_caches", "send_taken", "MAX_DIRTY"]
 
 #: dirty keys per table before they are sent without waiting for a commit
 MAX_DIRTY = 50_000
@@ -35,6 +43,7 @@ _DELETED = object()
 
 class CachedTable(faust.Table):
     _dirty: Optional[dict] = None
+    _flushing = False
 
     def caching(self) -> bool:
         """True when the producer flushes table caches (our transport) and the
@@ -51,6 +60,10 @@ class CachedTable(faust.Table):
             return super().on_key_del(key)
         self._remember(self.partition_for_key(key), key, _DELETED)
 
+    def remember(self, partition: int, key: Any, value: Any) -> None:
+        """Cache a change of ``key`` (already set in the store) for ``partition``."""
+        self._remember(partition, key, value)
+
     def _remember(self, partition: Optional[int], key: Any, value: Any) -> None:
         if partition is None:  # use_partitioner: the producer picks it, no cache
             if value is _DELETED:
@@ -61,39 +74,79 @@ class CachedTable(faust.Table):
         if self._dirty is None:
             self._dirty = {}
         self._dirty[(partition, key)] = value
-        if len(self._dirty) >= MAX_DIRTY:
-            self.flush_cache()
+        if len(self._dirty) >= MAX_DIRTY and not self._flushing:
+            self._flushing = True
+            asyncio.ensure_future(self._flush_early())
+
+    async def _flush_early(self) -> None:
+        """Too many dirty keys: send them without waiting for a commit (but after
+        what a commit waits for first, as a commit's flush does)."""
+        try:
+            await self.flush_durably()
+        finally:
+            self._flushing = False
 
     def send_changelog(self, partition: Optional[int], key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         if self._dirty:
             self._dirty.pop((partition, key), None)  # this write is newer
         return super().send_changelog(partition, key, value, *args, **kwargs)
 
-    def flush_cache(self) -> int:
-        """Send the latest value of every dirty key; returns how many."""
+    def take_cache(self) -> Optional[dict]:
+        """The dirty keys so far, taken out of the cache (later changes start a new one)."""
         dirty, self._dirty = self._dirty, None
+        return dirty
+
+    def send_taken(self, dirty: Optional[dict]) -> int:
+        """Send what :meth:`take_cache` took, each key's change only if it is still
+        the key's latest (a newer one is cached again or was sent directly, and
+        sending the older after it would leave the changelog on a stale value)."""
         if not dirty:
             return 0
         send = super().send_changelog
+        data = self.data
+        n = 0
         for (partition, key), value in dirty.items():
             if value is _DELETED:
+                if key in data:
+                    continue
                 send(partition, key, None, value_serializer="raw")
             else:
+                if data.get(key, _DELETED) is not value:
+                    continue
                 send(partition, key, value)
-        return len(dirty)
+            n += 1
+        return n
+
+    def flush_cache(self) -> int:
+        """Send the latest value of every dirty key now; returns how many."""
+        return self.send_taken(self.take_cache())
+
+    async def flush_durably(self) -> int:
+        """Send the dirty keys taken now once what a commit waits for first is done
+        (:func:`commit_waits`): a change that says work is done must not be durable
+        before that work's records are."""
+        taken = self.take_cache()
+        await commit_waits(self.app)
+        return self.send_taken(taken)
 
     async def on_rebalance(self, assigned: Any, revoked: Any, newly_assigned: Any, generation_id: int = 0) -> None:
         # what was cached for the partitions being revoked goes out now (Faust
         # committed before revoking; a write to a partition lost meanwhile is fenced)
-        self.flush_cache()
+        await self.flush_durably()
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
 
-def flush_caches(app: Any) -> int:
-    """Send every cached table change (called by the producer's flush)."""
-    n = 0
-    for table in app.tables.values():
-        flush = getattr(table, "flush_cache", None)
-        if flush is not None:
-            n += flush()
-    return n
+async def commit_waits(app: Any) -> None:
+    """Await what must be durable before a commit, and before any cached table change
+    is sent (``app.commit_waits_for``: the records of the outcomes sent, agents/sink.py)."""
+    for wait in getattr(app, "commit_waits_for", ()):
+        await wait()
+
+
+def take_caches(app: Any) -> list:
+    """Every cached table's dirty keys so far (see :meth:`CachedTable.take_cache`)."""
+    return [(t, t.take_cache()) for t in app.tables.values() if isinstance(t, CachedTable)]
+
+
+def send_taken(taken: list) -> int:
+    return sum(t.send_taken(dirty) for t, dirty in taken)

@@ -210,7 +210,10 @@ class Consumer(FastDrain, base.Consumer):
 
     async def trim(self) -> int:
         """Trim the consumed (non-changelog) topic partitions this worker owns
-        below what every reader group has committed (see :mod:`.retention`)."""
+        below what every reader group has committed (see :mod:`.retention`), and
+        the partitions it owns of the topics the app only writes
+        (``app.trim_written``) below what every other reader group has committed,
+        or by age alone when no group reads them."""
         keep = self.transport.options.keep_s
         if keep < 0:
             return 0
@@ -218,12 +221,14 @@ class Consumer(FastDrain, base.Consumer):
         keys = self.transport.keys
         changelogs = self.app.tables.changelog_topics
         tps = [tp for tp in sorted(self._assigned) if tp.topic not in changelogs]
+        written = await self._owned_written()
+        tps += written
         self._horizons.forget(tps)
         if not tps:
             return 0
         topics = sorted({tp.topic for tp in tps})
         now_ms = int(time.time() * 1000)
-        for topic in topics:
+        for topic in sorted({tp.topic for tp in tps if tp not in written}):
             await client.zadd(keys.readers(topic), {self.app.conf.id: now_ms})
         readers = {
             t: [g.decode() for g in await client.zrangebyscore(keys.readers(t), now_ms - READER_TTL_S * 1000, "+inf")]
@@ -234,11 +239,24 @@ class Consumer(FastDrain, base.Consumer):
         for tp in tps:
             self._horizons.observe(tp, mono, highwaters[tp])
             field = keys.tp_field(tp.topic, tp.partition)
-            committed = [await client.hget(keys.offsets(g), field) for g in readers[tp.topic]]
-            horizon = trim_horizon((int(c) if c is not None else None for c in committed),
-                                   self._horizons.aged(tp, mono))
+            groups = [g for g in readers[tp.topic] if tp not in written or g != self.app.conf.id]
+            committed = [await client.hget(keys.offsets(g), field) for g in groups]
+            aged = self._horizons.aged(tp, mono)
+            horizon = trim_horizon((int(c) if c is not None else None for c in committed), aged) \
+                if committed else (aged if tp in written else 0)
             trimmed += await trim_partition(client, keys, tp.topic, tp.partition, horizon)
         return trimmed
+
+    async def _owned_written(self) -> list:
+        """The partitions of ``app.trim_written`` topics this worker trims: those
+        numbered as the partitions it reads (co-partitioned by user id)."""
+        changelogs = self.app.tables.changelog_topics
+        numbers = {tp.partition for tp in self._assigned if tp.topic not in changelogs}
+        out = []
+        for topic in sorted(getattr(self.app, "trim_written", ())):
+            n = await self.transport.partitions(topic)
+            out += [TP(topic, p) for p in sorted(numbers) if p < n and TP(topic, p) not in self._assigned]
+        return out
 
     # -- subscription and rebalance ---------------------------------------
 

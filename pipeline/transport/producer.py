@@ -18,7 +18,7 @@ from mode import Service
 from redis.exceptions import NoScriptError, ResponseError
 
 from .client import TRANSIENT_ERRORS
-from .cache import flush_caches
+from .cache import commit_waits, send_taken, take_caches
 from .priority import in_priority_task, priority_topics
 from .scripts import PRODUCE
 
@@ -228,11 +228,20 @@ class Producer(base.Producer):
     flushes_table_caches = True
 
     async def flush(self) -> None:
-        """Until everything sent before this call is written: cached table changes
-        and Faust's buffer first, then our pending messages up to the current count.
-        It does not wait for messages other tasks send meanwhile (a busy worker is
-        never idle: waiting for that stalled lanes and commits for seconds)."""
-        flush_caches(self.app)
+        """Until everything sent before this call is written: what the app must have
+        durable first (``app.commit_waits_for``: the records of the outcomes sent,
+        agents/sink.py), then the table changes cached by then and Faust's buffer,
+        then our pending messages up to the current count. It does not wait for messages
+        other tasks send meanwhile (a busy worker is never idle: waiting for that
+        stalled lanes and commits for seconds).
+
+        The order matters: a table change says work is done (a lane's "done"
+        mark, a fired timer removed), so it must not be durable before that work's
+        records are, or a crash in between would skip the work on replay and its
+        record would never be written."""
+        taken = take_caches(self.app)  # what was done so far: its records are queued
+        await commit_waits(self.app)
+        send_taken(taken)
         while self.buffer.size:
             await self.buffer.flush()
         targets = [(q, q.enqueued) for q in (self._main, self._priority)]

@@ -53,6 +53,20 @@ def test_commands_against_the_embedded_server(running):
         time.sleep(0.5)
     rows = json.loads(p.stdout)
     assert {r["channel"]: r["status"] for r in rows} == {"inbox": "DELIVERED", "push": "FILTERED"}
+    # the records written again from the outcome stream, into a new store: the same rows
+    # (and an entry on the stream that is not an outcome is skipped)
+    import asyncio
+
+    from tests.transport.helpers import produce_async
+
+    broker = (Path(env["NOTIFY_DATA_DIR"]) / "broker.url").read_text().strip()
+    asyncio.run(produce_async(broker, "notify.outcomes", [(b"c1", b"{not an outcome")], partitions=8))
+    rebuilt = dict(env, NOTIFY_DB=str(Path(env["NOTIFY_DATA_DIR"]).parent / "rebuilt" / "records.db"))
+    replayed = json.loads(notify(rebuilt, "records", "replay").stdout)
+    assert replayed["applied"] >= 2 and replayed["skipped"] == 1
+    again = json.loads(notify(rebuilt, "records", "show", "cli:1").stdout)
+    assert {r["channel"]: (r["status"], r["reason"]) for r in again} == \
+        {r["channel"]: (r["status"], r["reason"]) for r in rows}
     tail = notify(env, "outcomes", "tail", "-n", "50").stdout.splitlines()
     assert any(json.loads(line)["biz_key"] == "cli:1" for line in tail)
     dlq = [json.loads(line) for line in notify(env, "dlq", "ls").stdout.splitlines()]

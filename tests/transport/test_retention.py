@@ -81,3 +81,22 @@ def test_consumed_topics_are_trimmed_below_every_readers_commit(redis_url, redis
         assert w.stop() == 0, w.log()[-3000:]
     values = sorted(v for _p, _o, v in seen(redis_sync))
     assert values == list(range(2100))
+
+
+def test_a_topic_only_written_is_trimmed_by_age_and_no_further_than_its_readers(redis_url, redis_sync, tmp_path):
+    """The outcome stream: no agent reads it (analysts do), so its partitions' owners
+    trim it by age, as Kafka would, and never past a reader group's commit."""
+    produce(redis_url, "written", numbers(0, 400))
+    hw = {p: int(redis_sync.get(K.counter("written", p))) for p in range(4)}
+    redis_sync.zadd(K.readers("written"), {"analysts": int(time.time() * 1000)})
+    redis_sync.hset(K.offsets("analysts"), mapping={"written|0": 7})  # behind on 0, nothing committed elsewhere
+    w = Worker(redis_url + "?lease=3&compact=0.5&keep=0", tmp_path, WRITTEN="written").start()
+    try:
+        wait_until(lambda: redis_sync.xlen(K.stream("written", 0)) == hw[0] - 7, 30, what="trimmed to the reader on 0")
+        assert all(redis_sync.xlen(K.stream("written", p)) == hw[p] for p in (1, 2, 3))  # a reader without a commit
+        redis_sync.delete(K.readers("written"))  # nobody reads it: by age alone (keep=0: everything)
+        wait_until(lambda: all(redis_sync.xlen(K.stream("written", p)) == 0 for p in range(4)), 30,
+                   what="all trimmed")
+        assert redis_sync.zscore(K.readers("written"), "t") is None  # the writer is not a reader
+    finally:
+        assert w.stop() == 0, w.log()[-3000:]

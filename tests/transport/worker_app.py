@@ -21,7 +21,7 @@ comma-joined, to the Redis list ``batches``.
 
 Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message),
 STANDBYS (``table_standby_replicas``, Faust's default 1), BUFFER
-(``stream_buffer_maxsize``), SLOW_BACKLOG, PRIORITY.
+(``stream_buffer_maxsize``), SLOW_BACKLOG, PRIORITY, WRITTEN (``app.trim_written``).
 """
 
 import asyncio
@@ -51,6 +51,8 @@ app = faust.App(
 )
 if os.environ.get("PRIORITY") == "1":
     app.priority_topics = frozenset(["urgent"])
+if os.environ.get("WRITTEN"):  # topics this app only writes, trimmed by age (pipeline/transport/retention.py)
+    app.trim_written = set(os.environ["WRITTEN"].split(","))
 SLOW_BACKLOG = float(os.environ.get("SLOW_BACKLOG", "0"))
 numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
 ops = app.topic("ops", key_type=str, value_serializer="json", partitions=PARTITIONS)
