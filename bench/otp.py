@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 from bench.e2e import (  # noqa: E402
     PARTITIONS, WORKERS, Lag, Workers, cpu_seconds, machine_busy, summarize_inclusive, summarize_raw, wait)
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.roles import app_id, main_nice  # noqa: E402
+from pipeline.roles import app_id, main_nice, main_sched  # noqa: E402
 from pipeline.topics import EVENTS, PREFERENCES, events_for  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -445,7 +445,8 @@ def report(idle: Point, curve: list[Point], args, default_batch: int) -> str:
         "The HTTP hop itself is measured by bench/ingest.py."
         + (" **Priority worker**: the two workers run `NOTIFY_ROLE=main` and a third process runs the high-priority "
            "path (`NOTIFY_ROLE=priority`: expand.high, guard.high, lane.*.high; pipeline/roles.py); the main "
-           f"workers lower their CPU priority by nice +{main_nice()} (`NOTIFY_MAIN_NICE`)."
+           f"workers lower their CPU priority: scheduling class `{main_sched()}` (`NOTIFY_MAIN_SCHED`) and nice "
+           f"+{main_nice()} (`NOTIFY_MAIN_NICE`)."
            if args.priority_worker else ""),
         "",
         f"(b): a backlog of **{args.backlog:,} marketing events** (one recipient, e-mail only: one low-lane delivery "

@@ -12,8 +12,14 @@ and its core with the low lanes: under a deep backlog every step of an OTP
 waits one pass over every busy agent. In a process of its own, the high path
 sleeps until an OTP comes. So that the OS also runs it ahead of the busy
 workers when the cores are short, a ``main`` worker lowers its own CPU priority
-at start (``nice`` +10, ``NOTIFY_MAIN_NICE``; 0 keeps it): the
-kernel then gives a woken priority worker, Redis and the API the core first.
+at start: ``SCHED_IDLE`` (``NOTIFY_MAIN_SCHED``: ``idle``, ``batch`` or
+``normal``), and ``nice`` +10 for the classes that use it (``NOTIFY_MAIN_NICE``;
+0 keeps it). The kernel then gives a woken priority worker, Redis and the API
+the core first, and the main workers every cycle they leave. Nice alone was not
+enough once a main worker kept two threads busy (its event loop and its SQLite
+writer, agents/sink.py): OTP p99 under a 100,000 backlog went from about 20 ms
+to 35-79 ms, and back to 24-26 ms with ``SCHED_IDLE`` (bench/RESULTS.md
+"otp-priority").
 
 Switching a deployment between ``all`` and ``main`` + ``priority`` (either way):
 stop the old workers, start the new ones. The group that takes over the
@@ -29,11 +35,14 @@ writes the records of its own outcomes (agents/sink.py); what it sends
 handles the timers and receipts.
 """
 
+import logging
 import os
 
 from .topics import DEVICES, PREFERENCES, PRIORITY
 
-__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs", "offset_peers", "main_nice", "lower_priority"]
+__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs", "offset_peers", "main_nice", "main_sched", "lower_priority"]
+
+log = logging.getLogger(__name__)
 
 ROLES = ("all", "main", "priority")
 ROLE = os.environ.get("NOTIFY_ROLE") or "all"
@@ -75,11 +84,40 @@ def main_nice() -> int:
     return int(os.environ.get("NOTIFY_MAIN_NICE", "10"))
 
 
+#: NOTIFY_MAIN_SCHED → the Linux scheduling class a ``main`` worker takes at start
+SCHED_CLASSES = {"idle": "SCHED_IDLE", "batch": "SCHED_BATCH", "normal": None}
+
+
+def main_sched() -> str:
+    """The scheduling class a ``main`` worker takes at start (see the module doc)."""
+    name = os.environ.get("NOTIFY_MAIN_SCHED") or "idle"
+    if name not in SCHED_CLASSES:
+        raise SystemExit(f"NOTIFY_MAIN_SCHED must be one of {', '.join(SCHED_CLASSES)}, got {name!r}")
+    return name
+
+
 def lower_priority(role: str = ROLE) -> int:
-    """Lower this process's CPU priority if it is a ``main`` worker; returns the
-    increment taken (0 for the other roles)."""
-    nice = main_nice()
-    if role != "main" or nice <= 0:
+    """Lower this process's CPU priority if it is a ``main`` worker: the nice
+    increment and the scheduling class, for every thread it has (Linux keeps both
+    per thread; threads started later inherit them). Returns the increment taken
+    (0 for the other roles)."""
+    if role != "main":
         return 0
-    os.nice(nice)
+    nice = max(0, main_nice())
+    policy = SCHED_CLASSES[main_sched()]
+    for tid in _threads():
+        try:
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+            if policy is not None:
+                os.sched_setscheduler(tid, getattr(os, policy), os.sched_param(0))
+        except (OSError, AttributeError) as exc:  # a thread gone meanwhile; a platform without the class
+            log.warning("could not lower the priority of thread %d: %s", tid, exc)
     return nice
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]  # not Linux: this thread

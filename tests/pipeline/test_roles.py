@@ -48,6 +48,10 @@ def test_main_and_priority_workers_together_deliver_every_priority(redis_url, tm
         ours = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, main.pid) == min(19, ours + roles.main_nice())
         assert os.getpriority(os.PRIO_PROCESS, prio.pid) == ours
+        # and it runs in the idle class, every thread of it: only on cycles nobody else wants
+        for tid in os.listdir(f"/proc/{main.pid}/task"):
+            assert os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+        assert os.sched_getscheduler(prio.pid) == os.sched_getscheduler(0)
         pipe.events([{"biz_key": f"otp:{u['user_id']}", "category": "otp", "template": "otp", "channels": ["sms"],
                       "recipients": [u["user_id"]], "params": {"code": "123456"}} for u in users]
                      + [{"biz_key": f"ship:{u['user_id']}", "category": "transaction", "template": "order_shipped",
