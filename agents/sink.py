@@ -32,7 +32,6 @@ from typing import Any, Iterable, Optional
 from pipeline import runtime
 from pipeline.app import app
 from pipeline.rules.plan import DUPLICATE
-from pipeline.store import InvalidOutcome
 
 __all__ = ["Records", "records"]
 
@@ -109,23 +108,20 @@ class Records:
 
     async def _write(self, rows: list) -> None:
         delay = 0.1
-        while rows:
+        while True:
             try:
-                await runtime.with_store(lambda store: store.apply_outcomes(rows), "record")
-                return
-            except InvalidOutcome as exc:
-                from . import emit  # emit hands outcomes to this module
-
-                bad = {id(o) for o in exc.outcomes}
-                for o in exc.outcomes:
-                    await emit.dead_letter("records", "invalid_outcome", o.dumps(), detail=str(exc),
-                                           key=o.delivery_id)
-                rows = [o for o in rows if id(o) not in bad]
+                refused = await runtime.with_store(lambda store: store.apply_valid_outcomes(rows), "record")
+                break
             except Exception:
                 # a bug, not the store being away: keep the rows (commits wait), say so loudly
                 log.exception("writing %d records failed; retrying in %.1fs", len(rows), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        if refused:
+            from . import emit  # emit hands outcomes to this module
+
+            for o, why in refused:
+                await emit.dead_letter("records", "invalid_outcome", o.dumps(), detail=why, key=o.delivery_id)
 
 
 records = Records()

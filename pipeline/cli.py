@@ -328,7 +328,7 @@ def _replay_records(settings) -> int:
     from pipeline.rules.plan import DUPLICATE
     from pipeline.rules.records import parse_outcome
     from pipeline.rules.validate import InvalidEvent
-    from pipeline.store import InvalidOutcome, RecordStore
+    from pipeline.store import RecordStore
     from pipeline.topics import OUTCOMES
 
     async def replay() -> tuple[int, int]:
@@ -338,14 +338,12 @@ def _replay_records(settings) -> int:
         applied = skipped = 0
         batch: list[Outcome] = []
 
-        async def apply() -> int:
-            try:
-                await store.apply_outcomes(batch)
-                return 0
-            except InvalidOutcome as exc:
-                bad = {id(o) for o in exc.outcomes}
-                await store.apply_outcomes([o for o in batch if id(o) not in bad])
-                return len(bad)
+        async def apply() -> None:
+            nonlocal applied, skipped
+            refused = len(await store.apply_valid_outcomes(batch))
+            applied += len(batch) - refused
+            skipped += refused
+            batch.clear()
 
         try:
             for v in _read_topic(broker_url(settings), OUTCOMES, settings.partitions, False, None):
@@ -358,13 +356,10 @@ def _replay_records(settings) -> int:
                     continue
                 batch.append(o)
                 if len(batch) >= 2000:
-                    skipped += await apply()
-                    applied += len(batch)
-                    batch = []
+                    await apply()
             if batch:
-                skipped += await apply()
-                applied += len(batch)
-            return applied - skipped, skipped
+                await apply()
+            return applied, skipped
         finally:
             await store.close()
 

@@ -18,8 +18,8 @@ at start: ``SCHED_IDLE`` (``NOTIFY_MAIN_SCHED``: ``idle``, ``batch`` or
 the core first, and the main workers every cycle they leave. Nice alone was not
 enough once a main worker kept two threads busy (its event loop and its SQLite
 writer, agents/sink.py): OTP p99 under a 100,000 backlog went from about 20 ms
-to 35-79 ms, and back to 24-26 ms with ``SCHED_IDLE`` (bench/RESULTS.md
-"otp-priority").
+to 35-79 ms, and back to 24-44 ms (four runs) with ``SCHED_IDLE``
+(bench/RESULTS.md "otp-priority").
 
 Switching a deployment between ``all`` and ``main`` + ``priority`` (either way):
 stop the old workers, start the new ones. The group that takes over the

@@ -614,6 +614,25 @@ class RecordStore:
                 raise
             raise InvalidOutcome(f"{len(culprits)} outcome(s) refused: {exc}", culprits) from exc
 
+    async def apply_valid_outcomes(self, outcomes: Sequence[Any]) -> list[tuple[Any, str]]:
+        """:meth:`apply_outcomes` for every outcome the store accepts: a refusal
+        applies none of the batch, so the batch is applied again without the refused
+        ones. Returns those, each with the refusal's reason. Raises
+        :class:`StoreUnavailable` as :meth:`apply_outcomes` does."""
+        rows = list(outcomes)
+        refused: list[tuple[Any, str]] = []
+        while rows:
+            try:
+                await self.apply_outcomes(rows)
+                break
+            except InvalidOutcome as exc:
+                bad = {id(o) for o in exc.outcomes}
+                if not bad:
+                    raise
+                refused += [(o, str(exc)) for o in exc.outcomes]
+                rows = [o for o in rows if id(o) not in bad]
+        return refused
+
     # -- inbox --------------------------------------------------------------
 
     async def add_inbox(self, items: Iterable[InboxItem | Mapping[str, Any]]) -> int:

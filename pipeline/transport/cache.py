@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import faust
 
-__all__ = ["CachedTable", "commit_waits", "take_caches", "send_taken", "MAX_DIRTY"]
+__all__ = ["CachedTable", "cached_tables", "commit_waits", "flush_tables", "MAX_DIRTY"]
 
 #: dirty keys per table before they are sent without waiting for a commit
 MAX_DIRTY = 50_000
@@ -117,17 +117,9 @@ class CachedTable(faust.Table):
             n += 1
         return n
 
-    def flush_cache(self) -> int:
-        """Send the latest value of every dirty key now; returns how many."""
-        return self.send_taken(self.take_cache())
-
     async def flush_durably(self) -> int:
-        """Send the dirty keys taken now once what a commit waits for first is done
-        (:func:`commit_waits`): a change that says work is done must not be durable
-        before that work's records are."""
-        taken = self.take_cache()
-        await commit_waits(self.app)
-        return self.send_taken(taken)
+        """:func:`flush_tables` for this table alone."""
+        return await flush_tables(self.app, [self])
 
     async def on_rebalance(self, assigned: Any, revoked: Any, newly_assigned: Any, generation_id: int = 0) -> None:
         # what was cached for the partitions being revoked goes out now (Faust
@@ -143,10 +135,15 @@ async def commit_waits(app: Any) -> None:
         await wait()
 
 
-def take_caches(app: Any) -> list:
-    """Every cached table's dirty keys so far (see :meth:`CachedTable.take_cache`)."""
-    return [(t, t.take_cache()) for t in app.tables.values() if isinstance(t, CachedTable)]
+def cached_tables(app: Any) -> list:
+    return [t for t in app.tables.values() if isinstance(t, CachedTable)]
 
 
-def send_taken(taken: list) -> int:
+async def flush_tables(app: Any, tables: Any) -> int:
+    """Send the dirty keys the tables hold now once what a commit waits for first is
+    done (:func:`commit_waits`): a change that says work is done must not be durable
+    before that work's records are. Changes made meanwhile wait for the next flush.
+    Returns how many were sent."""
+    taken = [(t, t.take_cache()) for t in tables]
+    await commit_waits(app)
     return sum(t.send_taken(dirty) for t, dirty in taken)

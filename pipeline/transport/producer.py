@@ -18,7 +18,7 @@ from mode import Service
 from redis.exceptions import NoScriptError, ResponseError
 
 from .client import TRANSIENT_ERRORS
-from .cache import commit_waits, send_taken, take_caches
+from .cache import cached_tables, flush_tables
 from .priority import in_priority_task, priority_topics
 from .scripts import PRODUCE
 
@@ -239,9 +239,7 @@ class Producer(base.Producer):
         mark, a fired timer removed), so it must not be durable before that work's
         records are, or a crash in between would skip the work on replay and its
         record would never be written."""
-        taken = take_caches(self.app)  # what was done so far: its records are queued
-        await commit_waits(self.app)
-        send_taken(taken)
+        await flush_tables(self.app, cached_tables(self.app))
         while self.buffer.size:
             await self.buffer.flush()
         targets = [(q, q.enqueued) for q in (self._main, self._priority)]

@@ -140,7 +140,5 @@ async def test_the_producer_flush_takes_the_caches_before_it_waits(table, monkey
 
     app.commit_waits_for = [records_flush]
     mark(t, "x", 1)
-    taken = cache.take_caches(app)
-    await cache.commit_waits(app)
-    cache.send_taken(taken)
+    await cache.flush_tables(app, cache.cached_tables(app))  # what Producer.flush does
     assert order == [("records", 0)] and [k for _p, k, _v in sent] == ["x"]
