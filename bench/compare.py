@@ -94,6 +94,8 @@ def main() -> None:
         f"{a.events_rate:,.0f} events/s.",
         "",
         "Records by state: " + ", ".join(f"{k} {v:,}" for k, v in a.statuses.items()) + ".",
+        "",
+        *e2e.cost_lines(a),
     ]
     if a.overrides:
         lines += ["", "Settings changed for the notify-stream run (NOTIFY_CONFIG): " + "; ".join(a.overrides) + "."]

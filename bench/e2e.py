@@ -449,6 +449,54 @@ class Result:
     probes: list = field(default_factory=list)  # --diagnose: time spent in awaits that can stall
     overrides: list = field(default_factory=list)  # settings changed for the run (bench_config)
     other_cpu: float = 0.0  # CPU s used by processes outside this benchmark during the window
+    written: dict = field(default_factory=dict)  # topic -> stream entries written during the run
+    redis_cmds: dict = field(default_factory=dict)  # command -> [calls, usec] during the run
+
+
+def written_entries(r, ns: str = "nfs") -> dict:
+    """topic → entries ever written (the dense-offset counters ``<ns>:{<topic>|<p>}:n``,
+    summed over partitions)."""
+    keys = list(r.scan_iter(match=f"{ns}:{{*}}:n", count=1000))
+    out: collections.Counter = collections.Counter()
+    for k, v in zip(keys, r.mget(keys) if keys else []):
+        topic = k.decode().split("{", 1)[1].rsplit("|", 1)[0]
+        out[topic] += int(v or 0)
+    return dict(out)
+
+
+def command_stats(r) -> dict:
+    """command → [calls, usec] from INFO commandstats (server-side time only)."""
+    return {name.removeprefix("cmdstat_"): [int(v["calls"]), int(v["usec"])]
+            for name, v in r.info("commandstats").items()}
+
+
+def delta(after: dict, before: dict) -> dict:
+    """``after - before`` of :func:`written_entries` or :func:`command_stats` results."""
+    def sub(a, b):
+        return [x - y for x, y in zip(a, b)] if isinstance(a, list) else a - b
+
+    zero = lambda v: [0] * len(v) if isinstance(v, list) else 0  # noqa: E731
+    out = {k: sub(v, before.get(k, zero(v))) for k, v in after.items()}
+    return {k: v for k, v in out.items() if (any(v) if isinstance(v, list) else v)}
+
+
+def cost_lines(res: "Result") -> list[str]:
+    """Where a notification's cost goes: stream entries written per notification by
+    topic, Redis's own time per command, and CPU per component, per notification."""
+    n = res.notifications or 1
+    total = sum(res.written.values())
+    lines = [f"Per notification over the run ({n:,} notifications): "
+             f"{total / n:.2f} stream entries written ({total:,}), "
+             + ", ".join(f"{k} {1e6 * v / n:,.0f} µs" for k, v in res.cpu.items()) + " of CPU.", "",
+             "| topic | entries written | per notification |", "|---|---:|---:|"]
+    for topic, c in sorted(res.written.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {topic} | {c:,} | {c / n:.2f} |")
+    busy = sum(us for _c, us in res.redis_cmds.values())
+    lines += ["", f"Redis, time inside commands (INFO commandstats): {busy / n:,.0f} µs per notification; "
+              "by command: " + ", ".join(
+                  f"{cmd} {calls:,} calls {us / max(calls, 1):,.1f} µs each ({us / n:,.0f} µs/notification)"
+                  for cmd, (calls, us) in sorted(res.redis_cmds.items(), key=lambda kv: -kv[1][1])[:6]) + "."]
+    return lines
 
 
 def bench_config(tmp: Path) -> Optional[Path]:
@@ -615,6 +663,7 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             produced = [Keys().counter(t, p) for t in ALL if t not in (EVENTS, PREFERENCES, DEVICES)
                         for p in range(PARTITIONS)]
             db = tmp / "records.db"
+            written_before, cmds_before = written_entries(r), command_stats(r)
             t_launch = time.monotonic()
             workers.start("run")
             pids = {f"worker {i}": p.pid for i, p in enumerate(workers.procs)}
@@ -685,6 +734,8 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             res.hung_on_stop = workers.stop()
             if diagnose:
                 res.probes = read_probes()
+            res.written = delta(written_entries(r), written_before)
+            res.redis_cmds = delta(command_stats(r), cmds_before)
             res.seconds = t_last - t_start
             res.cpu = {k: cpu_last[k] - cpu_start[k] for k in pids}
             res.other_cpu = max(0.0, (cpu_last["_machine"] - cpu_start["_machine"]) - sum(res.cpu.values())
@@ -764,7 +815,7 @@ def main() -> None:
     res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users, loop=args.event_loop)
     print(json.dumps({k: v for k, v in res.__dict__.items() if k not in ("profile", "profile_incl", "probes")},
                      indent=2))
-    for block in (res.profile, res.profile_incl, res.probes):
+    for block in (cost_lines(res), res.profile, res.profile_incl, res.probes):
         if block:
             print("\n".join(block))
 

@@ -71,6 +71,39 @@ async def test_null_key_and_tombstone_roundtrip(redis_url, redis_sync):
     assert entries[1][1][b"k"] == b"k" and b"v" not in entries[1][1]
 
 
+def test_produce_script_writes_every_entry_shape_with_the_same_fields(redis_sync):
+    """PRODUCE writes the common entry (key and value, no headers) without a field
+    table: its fields, in order, are those of the general path, fenced or not."""
+    from pipeline.transport.scripts import PRODUCE
+
+    produce = redis_sync.register_script(PRODUCE)
+    skeys = [K.stream("shape", 0), K.counter("shape", 0), K.fence("shape", 0)]
+    redis_sync.set(K.fence("shape", 0), "tok")
+    entries = [  # ts, flags, key, value, headers
+        ("1.5", 3, b"k", b"v", []), ("2.5", 3, b"k", b"v", [("trace", b"abc")]),
+        ("3.5", 2, b"", b"v", []), ("4.5", 1, b"k", b"", []),
+    ]
+    for token in ("", "tok"):
+        args: list = [token, len(entries)]
+        for ts, flags, key, value, headers in entries:
+            args += [ts, flags, key, value, len(headers)]
+            for name, hv in headers:
+                args += [name, hv]
+        produce(keys=skeys, args=args)
+    got = [list(fields.items()) for _id, fields in redis_sync.xrange(skeys[0])]
+    o = [(b"o", b"tok")]
+    expected = [
+        [(b"t", b"1.5"), (b"k", b"k"), (b"v", b"v")],
+        [(b"t", b"2.5"), (b"k", b"k"), (b"v", b"v"), (b"h:trace", b"abc")],
+        [(b"t", b"3.5"), (b"v", b"v")],
+        [(b"t", b"4.5"), (b"k", b"k")],
+    ]
+    assert got == expected + [[e[0]] + o + e[1:] for e in expected]
+    assert [eid for eid, _ in redis_sync.xrange(skeys[0])] == [b"%d-1" % i for i in range(8)]
+    with pytest.raises(Exception, match="FENCED"):
+        produce(keys=skeys, args=["other", 1, "5.5", 3, b"k", b"v", 0])
+
+
 async def test_declare_is_idempotent_and_mismatch_is_clear(redis_url):
     app = faust.App("decl", broker=redis_url, web_enabled=False)
     t = app.transport
