@@ -10,9 +10,9 @@ Each script touches keys of one hash slot only (see :mod:`.keys`).
 #: Fenced (changelog) entries carry the writer's token in field ``o`` for audit.
 #: Returns the first offset of the batch, or error FENCED.
 #: The common entry (key and value, no headers) is written with one XADD of fixed
-#: fields, without building a field table for ``unpack``: Redis's time per entry
-#: 1.2-1.3x lower (7-8.5 µs against 9-11 µs, of which XADD itself is ~2 µs), the
-#: same entry.
+#: fields, without building a field table for ``unpack``: the same entry, Redis's
+#: time per entry 1.1-1.7x lower (6-8 µs against 9-10 µs, of which XADD itself is
+#: ~2 µs; bench/produce_script.py).
 PRODUCE = """
 local token = ARGV[1]
 local fenced = token ~= ''
