@@ -6,7 +6,16 @@ Two agents, one per topic: ``expand`` and ``expand.high``. The API writes events
 high-priority categories to notify.events.high, so a marketing campaign of a
 million events in notify.events never stands in front of an OTP (that topic is
 read apart from all others: pipeline/transport/priority.py). An event on either
-topic is planned by its own category's priority."""
+topic is planned by its own category's priority.
+
+An intent whose user's guard runs in this worker (the user's partition of
+notify.intents.<priority> is assigned here) is planned right here, by the guard's
+own function (agents/guard.py ``plans_here``, ``plan_and_send``), not written to
+that topic for this worker to read back. An event with one recipient is keyed by
+that user (pipeline/topics.py ``event_key``), so it is read where the user's
+tables are: the intent hop is skipped for it whenever the guard of its priority
+runs with expand (every worker of role ``all``; ``main`` for medium and low,
+``priority`` for high)."""
 
 import time
 
@@ -18,6 +27,7 @@ from pipeline.models import Intent
 from pipeline.rules.validate import InvalidEvent, parse_event
 
 from . import emit
+from .guard import plan_and_send, plans_here
 
 
 async def expand(stream):
@@ -34,8 +44,9 @@ async def expand(stream):
         accepted = ev.accepted_at or event.message.timestamp or time.time()
         priority = ev.priority or settings.category(ev.category).priority
         out = intents_topics[priority]
-        for user in ev.recipients:
-            await emit.send(out, user, Intent(
+        msg = event.message
+        for i, user in enumerate(ev.recipients):
+            intent = Intent(
                 notification_id=notification_id(ev.biz_key, user),
                 biz_key=ev.biz_key,
                 user_id=user,
@@ -48,7 +59,12 @@ async def expand(stream):
                 locale=ev.locale,
                 send_at=ev.send_at,
                 accepted_at=accepted,
-            ))
+            )
+            partition = plans_here(priority, user)
+            if partition is None:
+                await emit.send(out, user, intent)
+            else:  # this worker runs the guard for the user: plan it here
+                await plan_and_send(intent, partition, f"{msg.topic}:{msg.offset}:{i}")
 
 
 expanders = [app.agent(topic, name=name)(expand) for topic, name in zip(events_topics, ("expand", "expand.high"))]

@@ -1,22 +1,31 @@
 """guard: notify.intents.<priority> (one agent per priority) → the user's tables → plan (rules in pipeline/rules/plan.py)
 → outcomes, deliveries on the priority lanes, deferred intents on the timer topic.
 
-Replay-safe: a dedup entry remembers the offset of the intent that wrote it, so
-the same intent read again after a crash (same offset) is planned again instead
-of being taken for a duplicate of itself, and is not counted twice against the
-daily limit. Re-sent deliveries are made idempotent by the lanes' inflight table.
+Expand plans an intent itself, with the same function (:func:`plan_and_send`),
+when this worker runs the guard for the intent's user (:func:`plans_here`):
+events with one recipient are keyed by that user (pipeline/topics.py
+``event_key``), so theirs always are, and the intent is never written to
+notify.intents.<priority> to be read back by this same worker.
+
+Replay-safe: a dedup entry remembers the message that wrote it (the intent's
+offset, or the event's topic, offset and recipient), so the same intent read
+again after a crash is planned again instead of being taken for a duplicate of
+itself, and is not counted twice against the daily limit. Re-sent deliveries are
+made idempotent by the lanes' inflight table.
 """
 
 import logging
 import os
+from typing import Any, Optional
 
 from pipeline import clock
 from pipeline.fair import turns_for
 from pipeline.app import app, intents_topics, renderer, settings
+from pipeline.models import Intent
 from pipeline.rules.guard import dedup_expired
 from pipeline.rules.plan import plan_intent
 from pipeline.transport import ProducerFenced
-from tables import daily, dedup, devices, inflight, preferences
+from tables import daily, dedup, devices, inflight, preferences, remember
 
 from . import emit
 
@@ -27,43 +36,65 @@ async def guard(stream):
     turn = turns_for(stream)
     async for event in stream.events():
         await turn()
-        intent = event.value
-        offset = event.message.offset
-        now = clock.now()
-        replayed = False
+        await plan_and_send(event.value, event.message.partition, event.message.offset)
 
-        def seen(key: str):
-            nonlocal replayed
-            entry = dedup.get(key)
-            if entry is None:
-                return None
-            if entry[1] == offset:
-                replayed = True
-                return None
-            return entry[0]
 
-        def count(key: str) -> int:
-            return 0 if replayed else daily[key]
+async def plan_and_send(intent: Intent, partition: int, replay_token: Any) -> None:
+    """Plan ``intent`` against its user's tables (of ``partition``, the user's partition
+    of the user-keyed topics, owned by this worker) and send what the plan says.
 
-        plan = plan_intent(
-            intent,
-            settings=settings,
-            renderer=renderer,
-            prefs=preferences.get(intent.user_id),
-            devices=devices.get(intent.user_id),
-            now=now,
-            dedup_seen=seen,
-            count_today=count,
-        )
-        for key in plan.dedup_keys:
-            dedup[key] = [now, offset, intent.category]
-        if plan.counter_key and not replayed:
-            daily[plan.counter_key] += 1
-        if plan.timer:
-            await emit.timer(intent.user_id, plan.timer)
-        await emit.outcomes(plan.outcomes)
-        for d in plan.deliveries:
-            await emit.deliver(d)
+    ``replay_token`` identifies the message the intent came from: the intent's offset
+    in notify.intents.<priority>, or, for an intent planned by expand where the event
+    was read (:func:`plans_here`), the event's topic, offset and recipient. A dedup
+    entry written under the same token is this intent's own, read again after a crash."""
+    now = clock.now()
+    replayed = False
+
+    def seen(key: str):
+        nonlocal replayed
+        entry = dedup.get(key)
+        if entry is None:
+            return None
+        if entry[1] == replay_token:
+            replayed = True
+            return None
+        return entry[0]
+
+    def count(key: str) -> int:
+        # .data: a missing key read through the table would be set to its default,
+        # a change for the current event's partition (expand's, not the user's)
+        return 0 if replayed else daily.data.get(key, 0)
+
+    plan = plan_intent(
+        intent,
+        settings=settings,
+        renderer=renderer,
+        prefs=preferences.get(intent.user_id),
+        devices=devices.get(intent.user_id),
+        now=now,
+        dedup_seen=seen,
+        count_today=count,
+    )
+    for key in plan.dedup_keys:
+        remember(dedup, partition, key, [now, replay_token, intent.category])
+    if plan.counter_key and not replayed:
+        remember(daily, partition, plan.counter_key, daily.data.get(plan.counter_key, 0) + 1)
+    if plan.timer:
+        await emit.timer(intent.user_id, plan.timer)
+    await emit.outcomes(plan.outcomes)
+    for d in plan.deliveries:
+        await emit.deliver(d)
+
+
+def plans_here(priority: str, user_id: str) -> Optional[int]:
+    """The user's partition if this worker runs ``guard.<priority>`` for it now (it is
+    assigned the user's partition of notify.intents.<priority>), else None: expand
+    then plans the intent itself (:func:`plan_and_send`) instead of writing it to
+    that topic for this same worker to read back (an entry written, fetched,
+    decoded and delivered through Faust, and a hop of latency, per recipient)."""
+    topic = intents_topics[priority].get_topic_name()
+    partition = app.transport.partition_for(topic, user_id.encode())
+    return partition if app.consumer.owns(topic, partition) else None
 
 
 guards = {p: app.agent(topic, name=f"guard.{p}")(guard) for p, topic in intents_topics.items()}

@@ -47,7 +47,7 @@ OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD  # noqa: E402
+from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD, event_key  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -650,7 +650,7 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             now = time.time()
             for e in events:
                 e = dict(e, accepted_at=now)
-                items.append((e["biz_key"].encode(), orjson.dumps(e)))
+                items.append((event_key(e["biz_key"], e.get("recipients")), orjson.dumps(e)))
             t0 = time.perf_counter()
             asyncio.run(produce_async(server.url, EVENTS, items, partitions=PARTITIONS))
             res.produce_s = time.perf_counter() - t0

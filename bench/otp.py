@@ -61,7 +61,7 @@ from bench.e2e import (  # noqa: E402
     PARTITIONS, WORKERS, Lag, Workers, cpu_seconds, machine_busy, summarize_inclusive, summarize_raw, wait)
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
 from pipeline.roles import app_id, main_nice, main_sched  # noqa: E402
-from pipeline.topics import EVENTS, PREFERENCES, events_for  # noqa: E402
+from pipeline.topics import EVENTS, PREFERENCES, event_key, events_for  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
 OTP_PREFIX = "otpb:"
@@ -320,7 +320,7 @@ async def otp_load(url: str, rate: float, window: float, users: int, drained, p:
             ev = {"biz_key": f"{OTP_PREFIX}{i}", "category": "otp", "template": "otp", "channels": ["sms"],
                   "recipients": [user], "params": {"code": f"{rng.randrange(10**6):06d}"}}
             ev["accepted_at"] = p.accepted[ev["biz_key"]] = time.time()
-            await writer.send([(topic, ev["biz_key"].encode(), orjson.dumps(ev), [])])
+            await writer.send([(topic, event_key(ev["biz_key"], ev.get("recipients")), orjson.dumps(ev), [])])
             i += 1
     finally:
         p.sent = i

@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.e2e import User, make_users  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD  # noqa: E402
+from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD, event_key  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 
 GROUP = "notify"
@@ -265,7 +265,7 @@ class Feed:
         for _ in range(n):
             e = self.next()
             self.fed[e["biz_key"]] = tuple(e["recipients"])
-            out.append((e["biz_key"].encode(), orjson.dumps(dict(e, accepted_at=now))))
+            out.append((event_key(e["biz_key"], e.get("recipients")), orjson.dumps(dict(e, accepted_at=now))))
         self.sent += n
         return out
 

@@ -183,13 +183,13 @@ async def _send_raw(url: str, topic: str, items: list[tuple[bytes, bytes]]) -> N
 async def _send_events(url: str, events: list[dict]) -> None:
     import orjson
 
-    from pipeline.topics import event_topic
+    from pipeline.topics import event_key, event_topic
 
     settings = _settings()
     by_topic: dict[str, list] = {}
     for e in events:
         topic = event_topic(settings, e.get("category"), e.get("priority"))
-        by_topic.setdefault(topic, []).append((e["biz_key"].encode(), orjson.dumps(e)))
+        by_topic.setdefault(topic, []).append((event_key(e["biz_key"], e.get("recipients")), orjson.dumps(e)))
     for topic, items in by_topic.items():
         await _send_raw(url, topic, items)
 

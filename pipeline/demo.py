@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from pipeline.topics import event_key
+
 __all__ = ["run_demo"]
 
 TERMINAL = ("FILTERED", "ACCEPTED", "DELIVERED", "UNDELIVERED", "FAILED", "REVIEW", "SCHEDULED")
@@ -135,7 +137,7 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
         asyncio.run(_send_raw(url, "notify.devices", [(d["user_id"].encode(), orjson.dumps(d)) for d in devices]))
         evs = _events(events, users, rng)
         t0 = time.time()
-        asyncio.run(_send_raw(url, "notify.events", [(e["biz_key"].encode(), orjson.dumps(e)) for e in evs]))
+        asyncio.run(_send_raw(url, "notify.events", [(event_key(e["biz_key"], e.get("recipients")), orjson.dumps(e)) for e in evs]))
         db = Path(settings.db_path)
         last, still = (-1, -1), 0
         # until every record is terminal, or nothing moved for 30 s (retries back off)

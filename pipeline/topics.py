@@ -30,6 +30,17 @@ def event_topic(settings, category: Any, priority: Any = None) -> str:
     return events_for(priority or (cat.priority if cat else ""))
 
 
+def event_key(biz_key: str, recipients: Any) -> bytes:
+    """The key an event is written with: its one recipient's user id, else its
+    business key. Keyed by the user, an event lands in the user's partition (all
+    topics share one partition count and partitioner), read by the worker that
+    holds the user's tables, which then plans it without the intent hop
+    (agents/expand.py). Repeats of a business key keep one key either way."""
+    if isinstance(recipients, (list, tuple)) and len(recipients) == 1 and isinstance(recipients[0], str):
+        return recipients[0].encode()
+    return str(biz_key).encode()
+
+
 def intents(priority: str) -> str:
     """``notify.intents.<priority>``: the guard reads each priority apart, so a burst of
     marketing intents never queues in front of an OTP's."""

@@ -440,7 +440,8 @@ class Api:
         if ours:
             hdr = [("producer", producer.encode())] if producer else []
             # OTPs on notify.events.high: they never wait behind a campaign in notify.events
-            msgs = [(T.event_topic(self.settings, ev.category, ev.priority), ev.biz_key.encode(), ev.dumps(), hdr)
+            msgs = [(T.event_topic(self.settings, ev.category, ev.priority), T.event_key(ev.biz_key, ev.recipients),
+                     ev.dumps(), hdr)
                     for ev in (prepared[i][0] for i in ours)]
             try:
                 await self.writer.send(msgs)

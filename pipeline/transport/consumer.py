@@ -393,6 +393,11 @@ class Consumer(FastDrain, base.Consumer):
     def assignment(self) -> Set[TP]:
         return set(self._assigned)
 
+    def owns(self, topic: str, partition: int) -> bool:
+        """Whether ``topic[partition]`` is assigned to this worker now (no copy of
+        the assignment, as :meth:`assignment` makes)."""
+        return TP(topic, partition) in self._assigned
+
     def highwater(self, tp: TP) -> int:
         return self._hw.get(tp, 0)
 

@@ -13,7 +13,7 @@ import orjson
 import redis
 
 from config.settings import load_settings
-from pipeline.topics import EVENTS, event_topic
+from pipeline.topics import EVENTS, event_key, event_topic
 from tests.transport.helpers import ROOT, produce_async, wait_until
 
 PARTITIONS = 4
@@ -83,9 +83,11 @@ class Pipeline:
             else:
                 e = dict(e)
                 e.setdefault("accepted_at", time.time())
-                # where the API writes it: OTPs and security alerts on notify.events.high
+                # where and how the API writes it: OTPs and security alerts on
+                # notify.events.high, keyed by the recipient when there is one
                 topic = event_topic(DEFAULTS, e.get("category"), e.get("priority"))
-                by_topic.setdefault(topic, []).append((str(e.get("biz_key", "x")).encode(), orjson.dumps(e)))
+                by_topic.setdefault(topic, []).append((event_key(e.get("biz_key", "x"), e.get("recipients")),
+                                                       orjson.dumps(e)))
         for topic, items in by_topic.items():
             self.send(topic, items)
 
