@@ -52,7 +52,7 @@ async def test_event_is_in_the_stream_when_accepted(api):
     entries = stream_entries(api.redis_url, "notify.events")
     assert len(entries) == 1
     p, fields = entries[0]
-    # the same partition the Faust producer would pick (murmur2 of the biz_key)
+    # two recipients: keyed by the biz_key, the partition the Faust producer would pick (murmur2)
     assert p == DefaultPartitioner()(b"order_shipped:A1", list(range(PARTITIONS)), list(range(PARTITIONS)))
     assert fields[b"k"] == b"order_shipped:A1"
     assert fields[b"h:producer"] == b"test-events"
@@ -133,7 +133,9 @@ async def test_batch_one_round_trip_mixed(api):
     assert res[1]["notifications"][0]["notification_id"] == ids.notification_id("b:1", "u1")
     assert res[5]["notifications"][0]["notification_id"] == ids.notification_id("b:1", "u1")
     entries = stream_entries(api.redis_url, "notify.events")
-    assert sorted(f[b"k"] for _p, f in entries) == [b"b:0", b"b:1", b"b:2", b"b:3", b"b:4"]
+    # one recipient each: keyed by the user, where the user's tables are (topics.event_key)
+    assert sorted(f[b"k"] for _p, f in entries) == [b"u0", b"u1", b"u2", b"u3", b"u4"]
+    assert sorted(orjson.loads(f[b"v"])["biz_key"] for _p, f in entries) == [f"b:{i}" for i in range(5)]
     # the whole batch again: all repeats → 200
     status, body = await api.call("POST", "/v1/events", "events", json=batch[1:5])
     assert status == 200 and {r["status"] for r in body["results"]} == {"duplicate"}

@@ -521,8 +521,10 @@ def _stream_biz_keys(r: redis.Redis) -> set[str]:
     for topic in (T.EVENTS, T.EVENTS_HIGH):  # the API writes OTPs to the latter
         for p in range(PARTITIONS):
             for _id, f in r.xrange(K.stream(topic, p)):
-                if f.get(b"k"):
-                    keys.add(f[b"k"].decode())
+                # the business key from the value: an event with one recipient is
+                # keyed by the user (pipeline/topics.py event_key)
+                if f.get(b"v"):
+                    keys.add(orjson.loads(f[b"v"])["biz_key"])
     return keys
 
 
