@@ -95,7 +95,8 @@ async def test_metrics_present_and_lag_moves(api):
     status, _ = await api.call("POST", "/v1/events", "events", json={
         "biz_key": "m:1", "category": "otp", "template": "otp", "recipients": ["u1"], "params": {"code": "1"}})
     assert status == 202
-    p = DefaultPartitioner()(b"m:1", list(range(PARTITIONS)), list(range(PARTITIONS)))
+    # one recipient: keyed by the user (pipeline/topics.py event_key)
+    p = DefaultPartitioner()(b"u1", list(range(PARTITIONS)), list(range(PARTITIONS)))
     await asyncio.sleep(0.3)
     m = await scrape(api)
     assert lag_of(m, "notify_consumer_lag", "notify.events.high", p, "expand.high") == 1
