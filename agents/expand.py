@@ -14,7 +14,7 @@ own function (agents/guard.py ``plans_here``, ``plan_and_send``), not written to
 that topic for this worker to read back. An event with one recipient is keyed by
 that user (pipeline/topics.py ``event_key``), so it is read where the user's
 tables are: the intent hop is skipped for it whenever the guard of its priority
-runs with expand (every worker of role ``all``; ``main`` for medium and low,
+runs with expand (every worker of role ``all``; ``main`` for normal and low,
 ``priority`` for high)."""
 
 import time

@@ -6,7 +6,7 @@ table          key → value                                 written by
 =============  ==========================================  ===========================
 preferences    user_id → Preferences                       agents.users (notify.preferences)
 devices        user_id → [[platform, token, at], ...]      agents.users (notify.devices)
-dedup          "<user>|<biz_key>|<channel>" → [seen, offset, category]  agents.guard
+dedup          "<user>|<biz_key>|<channel>" → [seen, replay token, category]  agents.guard
 daily          "<user>|<category>|<local day>" → count     agents.guard (two days kept)
 timers         timer_id → Timer                            agents.scheduler
 =============  ==========================================  ===========================
