@@ -1,11 +1,11 @@
 """Sending what the rules decided: outcomes, timers, dead letters, lane deliveries."""
 
-import time
 from typing import Any, Iterable, Optional
 
 from pipeline import clock, metrics
 from pipeline.app import app, dlq_topic, lane_topics, outcomes_topic, timers_topic
-from pipeline.models import DeadLetter, Delivery, Outcome, Timer
+from pipeline.entries import send_dead_letter
+from pipeline.models import Delivery, Outcome, Timer
 
 from .sink import records
 
@@ -46,8 +46,7 @@ async def deliver(d: Delivery) -> None:
 
 
 async def dead_letter(source: str, reason: str, payload: bytes | str, *, detail: Optional[str] = None,
-                      key: Optional[str] = None) -> None:
-    metrics.dead_letters.labels(source, reason).inc()
-    text = payload.decode("utf-8", "replace") if isinstance(payload, (bytes, bytearray)) else payload
-    await dlq_topic.send(key=key or source, value=DeadLetter(source=source, reason=reason, at=time.time(),
-                                                            payload=text[:65536], detail=detail, key=key))
+                      key: Any = None, partition: Optional[int] = None, offset: Optional[int] = None) -> None:
+    """Send a dead letter (``partition``/``offset``: where the entry was, if from a stream)."""
+    await send_dead_letter(dlq_topic, source, reason, payload, detail=detail, key=key, partition=partition,
+                           offset=offset)

@@ -21,7 +21,8 @@ import time
 
 from pipeline import metrics
 from pipeline.fair import turns_for
-from pipeline.app import app, events_topics, intents_topics, renderer, settings
+from pipeline.app import app, dlq_topic, events_topics, intents_topics, renderer, settings
+from pipeline.entries import contained
 from pipeline.ids import notification_id
 from pipeline.models import Intent
 from pipeline.rules.validate import InvalidEvent, parse_event
@@ -34,37 +35,44 @@ async def expand(stream):
     turn = turns_for(stream)
     async for event in stream.events():
         await turn()
-        metrics.events_in.inc()
-        raw = event.value
-        try:
-            ev = parse_event(raw if isinstance(raw, bytes) else bytes(raw or b""), settings, renderer)
-        except InvalidEvent as exc:
-            await emit.dead_letter("expand", exc.reason, raw or b"", detail=str(exc))
-            continue
-        accepted = ev.accepted_at or event.message.timestamp or time.time()
-        priority = ev.priority or settings.category(ev.category).priority
-        out = intents_topics[priority]
-        msg = event.message
-        for i, user in enumerate(ev.recipients):
-            intent = Intent(
-                notification_id=notification_id(ev.biz_key, user),
-                biz_key=ev.biz_key,
-                user_id=user,
-                category=ev.category,
-                template=ev.template,
-                template_version=ev.template_version,
-                priority=priority,
-                params=ev.params,
-                channels=ev.channels,
-                locale=ev.locale,
-                send_at=ev.send_at,
-                accepted_at=accepted,
-            )
-            partition = plans_here(priority, user)
-            if partition is None:
-                await emit.send(out, user, intent)
-            else:  # this worker runs the guard for the user: plan it here
-                await plan_and_send(intent, partition, f"{msg.topic}:{msg.offset}:{i}")
+        async with contained(dlq_topic, event, "expand"):
+            await expand_one(event)
+
+
+async def expand_one(event) -> None:
+    """One event → its intents, planned here where the guard runs for the user."""
+    metrics.events_in.inc()
+    raw = event.value
+    msg = event.message
+    try:
+        ev = parse_event(raw if isinstance(raw, bytes) else bytes(raw or b""), settings, renderer)
+    except InvalidEvent as exc:
+        await emit.dead_letter("expand", exc.reason, raw or b"", detail=str(exc), key=msg.key,
+                               partition=msg.partition, offset=msg.offset)
+        return
+    accepted = ev.accepted_at or event.message.timestamp or time.time()
+    priority = ev.priority or settings.category(ev.category).priority
+    out = intents_topics[priority]
+    for i, user in enumerate(ev.recipients):
+        intent = Intent(
+            notification_id=notification_id(ev.biz_key, user),
+            biz_key=ev.biz_key,
+            user_id=user,
+            category=ev.category,
+            template=ev.template,
+            template_version=ev.template_version,
+            priority=priority,
+            params=ev.params,
+            channels=ev.channels,
+            locale=ev.locale,
+            send_at=ev.send_at,
+            accepted_at=accepted,
+        )
+        partition = plans_here(priority, user)
+        if partition is None:
+            await emit.send(out, user, intent)
+        else:  # this worker runs the guard for the user: plan it here
+            await plan_and_send(intent, partition, f"{msg.topic}:{msg.offset}:{i}")
 
 
 expanders = [app.agent(topic, name=name)(expand) for topic, name in zip(events_topics, ("expand", "expand.high"))]

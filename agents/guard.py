@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 from pipeline import clock
 from pipeline.fair import turns_for
-from pipeline.app import app, intents_topics, renderer, settings
+from pipeline.app import app, dlq_topic, intents_topics, renderer, settings
+from pipeline.entries import contained
 from pipeline.models import Intent
 from pipeline.rules.guard import dedup_expired
 from pipeline.rules.plan import plan_intent
@@ -36,7 +37,8 @@ async def guard(stream):
     turn = turns_for(stream)
     async for event in stream.events():
         await turn()
-        await plan_and_send(event.value, event.message.partition, event.message.offset)
+        async with contained(dlq_topic, event, "guard"):
+            await plan_and_send(event.value, event.message.partition, event.message.offset)
 
 
 async def plan_and_send(intent: Intent, partition: int, replay_token: Any) -> None:

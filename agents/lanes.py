@@ -21,6 +21,7 @@ from pipeline.rules.attempts import after_query, after_send
 from pipeline.rules.channels import is_unsubscribed
 from pipeline.rules.plan import outcome
 from pipeline.store import InboxItem
+from pipeline.entries import PASS_THROUGH
 from pipeline.fair import turns_for
 from pipeline.take import take_ready
 from pipeline.transport import ProducerFenced
@@ -105,6 +106,24 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
     return out
 
 
+async def contained_step(d: Delivery, disp, fate_unknown: bool) -> Step:
+    """:func:`step`, with an error other than the broker's transient ones contained
+    to its delivery: FAILED ``agent_error`` and dead-lettered (``notify dlq replay
+    --source lane`` sends it again), so one bad delivery never fails its batch nor
+    crashes the lane."""
+    try:
+        return await step(d, disp, fate_unknown)
+    except PASS_THROUGH:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one bad delivery must not stop a lane
+        metrics.agent_errors.labels(f"lane.{d.channel}.{d.priority}").inc()
+        log.exception("lane %s.%s failed on delivery %s; it is dead-lettered", d.channel, d.priority, d.delivery_id)
+        out = Step(state=State.FAILED, attempts_made=d.attempt, dead_letter="agent_error")
+        out.outcomes.append(outcome(d, d.channel, State.FAILED, clock.now(),
+                                    reason="agent_error", retry_count=d.attempt))
+        return out
+
+
 async def _add_inbox(items: list) -> None:
     """Write inbox rows; an unavailable store is retried, as the record sink does."""
     await runtime.with_store(lambda store: store.add_inbox(items), "inbox")
@@ -150,7 +169,7 @@ def make_lane(channel: str, priority: str):
                             channel, priority, fenced)
             if not todo:
                 continue
-            steps = await asyncio.gather(*(step(d, disp, unknown) for _p, d, unknown in todo.values()))
+            steps = await asyncio.gather(*(contained_step(d, disp, unknown) for _p, d, unknown in todo.values()))
             inbox = [s.inbox for s in steps if s.inbox]
             if inbox:
                 await _add_inbox(inbox)

@@ -6,7 +6,8 @@ record is written is retried a few times through the timer topic."""
 import time
 
 from pipeline import clock, runtime
-from pipeline.app import app, receipts_topic
+from pipeline.app import app, dlq_topic, receipts_topic
+from pipeline.entries import contained
 from pipeline.models import Outcome, Receipt, State, Timer
 
 from . import emit
@@ -16,8 +17,9 @@ MAX_TRIES = 5
 
 @app.agent(receipts_topic, name="receipts")
 async def receipts(stream):
-    async for r in stream:
-        await match(r, tries=0)
+    async for event in stream.events():
+        async with contained(dlq_topic, event, "receipts"):
+            await match(event.value, tries=0)
 
 
 async def match(r: Receipt, tries: int) -> None:

@@ -13,7 +13,8 @@ import heapq
 import time
 
 from pipeline import clock, metrics, roles
-from pipeline.app import app, intents_topics, timers_topic
+from pipeline.app import app, dlq_topic, intents_topics, timers_topic
+from pipeline.entries import contained
 from pipeline.models import Delivery, Intent, Receipt, State, Timer
 from tables import timers
 
@@ -26,26 +27,32 @@ _rebuild = True
 
 @app.agent(timers_topic, name="scheduler")
 async def scheduler(stream):
-    async for t in stream:
-        if t.kind == "fire":
-            _fired.discard(t.timer_id)
-            held = timers.pop(t.timer_id, None)
-            if held is None:
-                continue  # already fired (a second fire after a rebalance)
-            if held.kind == "intent":
-                intent = Intent(**held.payload)
-                await intents_topics[intent.priority].send(key=intent.user_id, value=intent)
-            elif held.kind == "delivery":
-                await emit.deliver(Delivery(**held.payload))
-            elif held.kind == "poll":
-                await poll_receipt(held.payload)
-            elif held.kind == "receipt":
-                from .receipts import match
+    async for event in stream.events():
+        async with contained(dlq_topic, event, "scheduler"):
+            await on_timer(event.value)
 
-                await match(Receipt(**held.payload["receipt"]), held.payload["tries"])
-        else:
-            timers[t.timer_id] = t
-            heapq.heappush(_heap, (t.due_at, t.timer_id, t.payload.get("user_id", "")))
+
+async def on_timer(t: Timer) -> None:
+    """A timer to hold, or the ``fire`` of one held: its payload goes out again."""
+    if t.kind == "fire":
+        _fired.discard(t.timer_id)
+        held = timers.pop(t.timer_id, None)
+        if held is None:
+            return  # already fired (a second fire after a rebalance)
+        if held.kind == "intent":
+            intent = Intent(**held.payload)
+            await intents_topics[intent.priority].send(key=intent.user_id, value=intent)
+        elif held.kind == "delivery":
+            await emit.deliver(Delivery(**held.payload))
+        elif held.kind == "poll":
+            await poll_receipt(held.payload)
+        elif held.kind == "receipt":
+            from .receipts import match
+
+            await match(Receipt(**held.payload["receipt"]), held.payload["tries"])
+    else:
+        timers[t.timer_id] = t
+        heapq.heappush(_heap, (t.due_at, t.timer_id, t.payload.get("user_id", "")))
 
 
 @app.on_rebalance_complete.connect

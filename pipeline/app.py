@@ -14,7 +14,7 @@ from config.settings import load_settings
 
 from . import redact, roles
 from . import topics as T
-from .entries import checked_topic
+from .entries import checked_topic, guarded_topic
 from .lean import lean_sensors
 from .models import DeadLetter, DeviceUpdate, Delivery, Intent, Outcome, Preferences, Priority, Receipt, Timer
 from .templates import Renderer
@@ -64,11 +64,9 @@ app.commit_waits_for = []
 #: further than any reader group has committed (pipeline/transport/retention.py)
 app.trim_written = set() if roles.ROLE == "priority" else {T.OUTCOMES}
 
-events_topics = [
-    app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")
-    for name in (T.EVENTS, T.EVENTS_HIGH)
-]
 dlq_topic = app.topic(T.DLQ, key_type=str, value_type=DeadLetter)
+#: raw bytes: expand validates the events itself; malformed entries are dead-lettered
+events_topics = [guarded_topic(app, name, dlq=dlq_topic) for name in (T.EVENTS, T.EVENTS_HIGH)]
 
 
 def _checked(name: str, model: type):

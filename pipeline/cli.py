@@ -86,31 +86,47 @@ def cmd_run(args) -> int:
         env["NOTIFY_PROVIDERS"] = "simulators"
         if args.api_port:
             env.setdefault("NOTIFY_RECEIPTS_URL", f"http://127.0.0.1:{args.api_port}/v1/receipts")
-    procs = []
+    from pipeline.supervise import Child, Supervisor, redis_reporter
+    from pipeline.transport.keys import Keys
+
+    children = []
+    if server is not None:
+        children.append(Child("broker", lambda: server.start().proc, proc=server.proc, started_at=time.time()))
+    for i in range(args.workers):
+        wenv = dict(env, NOTIFY_WORKER_INDEX=str(i))
+        if args.metrics_port:
+            wenv["NOTIFY_METRICS_PORT"] = str(args.metrics_port + i)
+        children.append(Child(f"worker-{i}", _spawn(["worker", "-l", args.loglevel], wenv)))
+    if args.api_port:
+        children.append(Child("api", _spawn(["api", "--port", str(args.api_port)], env)))
+    sup = Supervisor(children, report=redis_reporter(url, Keys().supervisor))
+    stop = {"now": False}
+
+    def _stop(*_: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     try:
-        for i in range(args.workers):
-            wenv = dict(env, NOTIFY_WORKER_INDEX=str(i))
-            if args.metrics_port:
-                wenv["NOTIFY_METRICS_PORT"] = str(args.metrics_port + i)
-            procs.append(subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "-l", args.loglevel], env=wenv))
+        sup.start()
         if args.api_port:
-            procs.append(subprocess.Popen([sys.executable, "-m", "pipeline.cli", "api", "--port", str(args.api_port)],
-                                          env=env))
             print(f"API and status page on http://127.0.0.1:{args.api_port}/ "
                   f"(keys: NOTIFY_API_KEY or `notify keys add`); worker metrics on "
                   f":{args.metrics_port}..{args.metrics_port + args.workers - 1}/metrics", flush=True)
-        stop = {"now": False}
-
-        def _stop(*_: Any) -> None:
-            stop["now"] = True
-
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        while not stop["now"] and all(p.poll() is None for p in procs):
+        print("processes are restarted when they exit (pipeline/supervise.py); stop with Ctrl-C or SIGTERM",
+              flush=True)
+        while not stop["now"]:
+            sup.tick()
             time.sleep(0.2)
-        return max((p.returncode or 0) for p in procs if p.poll() is not None) if not stop["now"] else 0
+        return 0
     finally:
-        stop_all(procs, server)
+        # the workers and the API first, so they release their leases while the broker answers
+        sup.stop(until=lambda c: c.name == "broker")
+
+
+def _spawn(argv: list[str], env: dict) -> Any:
+    """A factory of ``notify <argv>`` processes with ``env``."""
+    return lambda: subprocess.Popen([sys.executable, "-m", "pipeline.cli", *argv], env=env)
 
 
 def stop_all(procs: list, server: Any = None, timeout: float = 30.0) -> None:
@@ -395,7 +411,22 @@ def cmd_status(args) -> int:
     group = read_group_sync(r, keys, "notify")
     if group.gen:
         print(format_group(group, now_ms=int(r.time()[0] * 1000)))
+    print_processes(r.hgetall(keys.supervisor))
     return 0
+
+
+def print_processes(raw: dict) -> None:
+    """The processes `notify run` supervises (pipeline/supervise.py), one line each."""
+    from pipeline.supervise import read_states
+
+    states = read_states(raw)
+    if not states:
+        return
+    print(f"{'process':28} {'state':>8} {'pid':>8} {'restarts':>8} {'last exit':>9}")
+    for name, st in sorted(states.items()):
+        state = "LOOPING" if st.get("crash_loop") else ("up" if st.get("up") else "down")
+        print(f"{name:28} {state:>8} {st.get('pid') or '-':>8} {st.get('restarts', 0):>8} "
+              f"{'-' if st.get('last_exit') is None else st['last_exit']:>9}")
 
 
 def cmd_api(args) -> int:

@@ -13,26 +13,42 @@ What is checked, per model: the size (``oversized``), JSON (``bad_json``,
 and every field (the reasons of :mod:`pipeline.rules.validate`), and for the
 topics keyed by user, that the key is the record's ``user_id`` (``wrong_key``:
 a user's tables live in the partition of their id). A key that is not UTF-8 is
-``bad_key``.
+``bad_key``. An entry whose transport fields could not be decoded (a timestamp
+that is not a number, a header name that is not UTF-8) is ``malformed_entry``,
+refused before anything else is decoded (:class:`GuardedSchema`, every topic an
+agent reads, the raw event topics included).
+
+Every dead letter says where the entry was: topic (``source``), partition and
+offset. What an agent raises while handling one entry is contained the same way
+(:func:`contained`): that entry is dead-lettered (``agent_error``) and the agent
+goes on with the next, instead of crashing and leaving the entry unacknowledged,
+which stalls its partition's commit and replays it into the same crash on every
+restart. Only the broker's transient errors go through: the entry is read again
+once it is back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import faust
 import orjson
-from faust.exceptions import ValueDecodeError
+from faust.exceptions import KeyDecodeError, ValueDecodeError
 
 from pipeline import metrics
 from pipeline.models import DeadLetter, Delivery, DeviceUpdate, Intent, Outcome, Preferences, Receipt, Timer
 from pipeline.rules import records
 from pipeline.rules.validate import InvalidEvent, parse_device_update, parse_preferences, parse_receipt
+from pipeline.transport import ProducerFenced
+from pipeline.transport.client import TRANSIENT_ERRORS
+from pipeline.transport.consumer import MALFORMED
 
-__all__ = ["BadEntry", "CheckedSchema", "CheckedTopic", "checked_topic", "decode", "dead_letter", "entry_limit",
-           "parser_for", "USER_KEYED_MODELS"]
+__all__ = ["BadEntry", "CheckedSchema", "CheckedTopic", "GuardedSchema", "checked_topic", "contained", "decode",
+           "dead_letter", "entry_limit", "guarded_topic", "malformed", "parser_for", "send_dead_letter",
+           "USER_KEYED_MODELS"]
 
 log = logging.getLogger("notify.entries")
 
@@ -94,13 +110,48 @@ class BadEntry(ValueDecodeError):
         self.detail = str(err)
 
 
-class CheckedSchema(faust.Schema):
+class MalformedEntry(KeyDecodeError):
+    """An entry whose transport fields could not be decoded (the consumer marked it)."""
+
+    reason = "malformed_entry"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.detail = f"malformed entry: {why}"
+
+
+def malformed(message: Any) -> Optional[str]:
+    """Why the transport could not decode ``message``'s fields, or None."""
+    headers = message.headers
+    if headers:
+        for name, value in headers:
+            if name == MALFORMED:
+                return _text(value)
+    return None
+
+
+class GuardedSchema(faust.Schema):
+    """A schema that refuses an entry the transport marked malformed, before its key
+    is decoded; ``dlq``: where :class:`CheckedTopic` sends what it refuses."""
+
+    def __init__(self, *, dlq: Any = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.dlq = dlq
+
+    def loads_key(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
+        if message.headers:
+            why = malformed(message)
+            if why is not None:
+                raise MalformedEntry(why)
+        return super().loads_key(app, message, loads=loads, serializer=serializer)
+
+
+class CheckedSchema(GuardedSchema):
     """``value_type`` decoded by :func:`decode` (keys stay Faust's: UTF-8 text)."""
 
     def __init__(self, *, settings: Any, dlq: Any = None, **kw: Any) -> None:
-        super().__init__(**kw)
+        super().__init__(dlq=dlq, **kw)
         self.settings = settings
-        self.dlq = dlq
         self._parse = parser_for(self.value_type, settings)
 
     def loads_value(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
@@ -119,37 +170,56 @@ def _text(raw: Any) -> str:
 
 
 def dead_letter(source: str, reason: str, payload: Any, *, detail: Optional[str] = None,
-                key: Optional[str] = None) -> DeadLetter:
+                key: Optional[str] = None, partition: Optional[int] = None,
+                offset: Optional[int] = None) -> DeadLetter:
     """The DLQ record of something that could not be processed (the payload is
-    kept as text, cut to 64 KiB; the key to 256 characters)."""
+    kept as text, cut to 64 KiB; the key to 256 characters); ``partition`` and
+    ``offset``: where the entry was in ``source``, when it came from a stream."""
     return DeadLetter(source=source, reason=reason, at=time.time(), payload=_text(payload)[:65536],
-                      detail=detail[:1000] if detail else detail, key=key[:256] if key else key)
+                      detail=detail[:1000] if detail else detail, key=key[:256] if key else key,
+                      partition=partition, offset=offset)
+
+
+async def send_dead_letter(dlq: Any, source: str, reason: str, payload: Any, *, detail: Optional[str] = None,
+                           key: Any = None, partition: Optional[int] = None, offset: Optional[int] = None) -> None:
+    """Count, log and send one dead letter to ``dlq``; never raises (a bad entry must
+    not crash what reads it, even when the dead letter cannot be written)."""
+    metrics.dead_letters.labels(source, reason).inc()
+    where = f"{source}[{partition}]@{offset}" if partition is not None else source
+    log.warning("dead letter from %s: %s: %s", where, reason, detail or "")
+    if dlq is None:
+        return
+    text = _text(key) or None
+    try:
+        letter = dead_letter(source, reason, payload, detail=detail, key=text, partition=partition, offset=offset)
+        await dlq.send(key=(text or source)[:256], value=letter)
+    except Exception:  # noqa: BLE001 - never crash the consumer over a bad entry
+        log.exception("could not dead-letter a bad %s entry", source)
 
 
 class CheckedTopic(faust.Topic):
-    """A topic whose undecodable or invalid entries are acknowledged and sent to
-    the schema's ``dlq`` topic (source: this topic's name) instead of crashing
-    the agent that reads it."""
+    """A topic whose malformed, undecodable or invalid entries are acknowledged and
+    sent to the schema's ``dlq`` topic (source: this topic's name, with the
+    entry's partition and offset) instead of crashing the agent that reads it."""
 
     async def on_key_decode_error(self, exc: Exception, message: Any) -> None:
-        await self._dead_letter("bad_key", f"bad_key ({exc})", message)
+        reason = getattr(exc, "reason", "bad_key")
+        await self._dead_letter(reason, getattr(exc, "detail", None) or f"bad_key ({exc})", message)
 
     async def on_value_decode_error(self, exc: Exception, message: Any) -> None:
         await self._dead_letter(getattr(exc, "reason", "undecodable"), getattr(exc, "detail", str(exc)), message)
 
     async def _dead_letter(self, reason: str, detail: str, message: Any) -> None:
-        source = message.topic
-        key = _text(message.key) or None
-        metrics.dead_letters.labels(source, reason).inc()
-        log.warning("dead letter from %s[%s]@%s: %s", source, message.partition, message.offset, detail)
-        dlq = getattr(self.schema, "dlq", None)
-        if dlq is None:
+        # An entry delivered again after a seek (the end of a recovery reads again from
+        # the committed offsets while the fetcher runs) is decoded again before the
+        # stream drops it as delivered: dead-letter each offset of a partition once.
+        lettered = self.__dict__.setdefault("_lettered", {})
+        tp = (message.topic, message.partition)
+        if message.offset <= lettered.get(tp, -1):
             return
-        try:
-            letter = dead_letter(source, reason, message.value, detail=detail, key=key)
-            await dlq.send(key=(key or source)[:256], value=letter)
-        except Exception:  # noqa: BLE001 - never crash the consumer over a bad entry
-            log.exception("could not dead-letter a bad %s entry", source)
+        lettered[tp] = message.offset
+        await send_dead_letter(getattr(self.schema, "dlq", None), message.topic, reason, message.value,
+                               detail=detail, key=message.key, partition=message.partition, offset=message.offset)
 
 
 def checked_topic(app: Any, name: str, model: type, *, settings: Any, dlq: Any) -> CheckedTopic:
@@ -157,3 +227,31 @@ def checked_topic(app: Any, name: str, model: type, *, settings: Any, dlq: Any) 
     return CheckedTopic(app, topics=[name], schema=CheckedSchema(key_type=str, value_type=model, settings=settings,
                                                                  dlq=dlq))
 
+
+def guarded_topic(app: Any, name: str, *, dlq: Any) -> CheckedTopic:
+    """A topic of raw bytes (key and value) whose malformed entries are dead-lettered;
+    the agent validates the value itself."""
+    return CheckedTopic(app, topics=[name], schema=GuardedSchema(
+        key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw", dlq=dlq))
+
+
+#: what an agent may raise that is not the entry's fault: the entry is read again
+PASS_THROUGH = (*TRANSIENT_ERRORS, ProducerFenced)
+
+
+@contextlib.asynccontextmanager
+async def contained(dlq: Any, event: Any, agent: str) -> AsyncIterator[None]:
+    """Handle one entry (``event``) inside: an exception other than a transient one
+    dead-letters the entry (``agent_error``, with the exception) and is swallowed,
+    so the agent acknowledges it and goes on with the next."""
+    try:
+        yield
+    except PASS_THROUGH:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one bad entry must not stop a partition
+        metrics.agent_errors.labels(agent).inc()
+        msg = event.message
+        log.exception("agent %s failed on %s[%s]@%s; the entry is dead-lettered", agent, msg.topic, msg.partition,
+                      msg.offset)
+        await send_dead_letter(dlq, msg.topic, "agent_error", msg.value, detail=f"{agent}: {type(exc).__name__}: {exc}",
+                               key=msg.key, partition=msg.partition, offset=msg.offset)

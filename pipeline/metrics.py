@@ -4,6 +4,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 events_in = Counter("notify_events_in_total", "Events read from notify.events")
 dead_letters = Counter("notify_dead_letters_total", "Messages sent to notify.dlq", ["source", "reason"])
+agent_errors = Counter("notify_agent_errors_total",
+                       "Entries an agent failed on (dead-lettered as agent_error; the agent went on)", ["agent"])
 outcomes = Counter("notify_outcomes_total", "Outcomes emitted", ["state", "reason"])
 attempts = Counter("notify_attempts_total", "Provider calls", ["provider", "result"])
 send_latency = Histogram(

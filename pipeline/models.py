@@ -230,6 +230,8 @@ class DeadLetter(_Record):
     payload: str  # the original bytes, decoded as UTF-8 with replacement
     detail: Optional[str] = None
     key: Optional[str] = None
+    partition: Optional[int] = None  # where the entry was in ``source`` (a stream's name) ...
+    offset: Optional[int] = None  # ... when it came from one
     v: int = SCHEMA_VERSION
 
 

@@ -21,7 +21,10 @@ from typing import Any, AsyncIterator
 __all__ = ["take_ready"]
 
 
-async def take_ready(stream: Any, max_: int) -> AsyncIterator[list]:
+async def take_ready(stream: Any, max_: int, ack: bool = True) -> AsyncIterator[list]:
+    """Batches of the events ``stream`` has ready (at most ``max_``). With ``ack``
+    False the caller acknowledges each event itself (``await stream.ack(event)``),
+    whenever it is done with it: a lane whose calls finish out of order."""
     if max_ < 1:
         raise ValueError(f"batch size must be >= 1, got {max_}")
     buffered: list = []
@@ -59,6 +62,9 @@ async def take_ready(stream: Any, max_: int) -> AsyncIterator[list]:
         if not buffered:
             ready.clear()
         room.set()
+        if not ack:
+            yield batch
+            continue
         try:
             yield batch
         finally:

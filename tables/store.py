@@ -144,22 +144,40 @@ class Store(memory.Store):
         ktype, kser, vtype, vser = topic.key_type, topic.key_serializer, topic.value_type, topic.value_serializer
         to_key, to_value = self.table._to_key, self.table._to_value
         data, partitions, p = self.data, self._key_partition, tp.partition
-        n, last = 0, None
+        n, last, bad = 0, None, []
         async for chunk in transport.read_changelog(tp.topic, tp.partition):
             for offset, raw_key, raw_value in chunk:
-                key = to_key(loads_key(ktype, raw_key, serializer=kser))
+                last = offset
+                try:
+                    key = to_key(loads_key(ktype, raw_key, serializer=kser))
+                    value = None if raw_value is None else to_value(loads_value(vtype, raw_value, serializer=vser))
+                except Exception as exc:  # noqa: BLE001 - a bad entry must not stop recovery
+                    bad.append((offset, raw_key, raw_value, f"{type(exc).__name__}: {exc}"))
+                    continue
                 if raw_value is None:
                     data.pop(key, None)
                     partitions.pop(key, None)
                 else:
-                    data[key] = to_value(loads_value(vtype, raw_value, serializer=vser))
+                    data[key] = value
                     partitions[key] = p
-                last = offset
             n += len(chunk)
         if last is not None:
             self._offsets[tp] = last
         self._loaded.add(tp)
+        for offset, raw_key, raw_value, why in bad:
+            await _dead_letter(tp, offset, raw_key, raw_value, why)
         return n
+
+
+async def _dead_letter(tp: TP, offset: int, key: Any, value: Any, why: str) -> None:
+    """A changelog entry that does not decode is skipped by recovery and dead-lettered
+    (``bad_changelog_entry``), so one entry written there by hand never stops a
+    worker from starting."""
+    from pipeline.app import dlq_topic
+    from pipeline.entries import send_dead_letter
+
+    await send_dead_letter(dlq_topic, tp.topic, "bad_changelog_entry", value, detail=why, key=key,
+                           partition=tp.partition, offset=offset)
 
 
 def _warm_restarts(app: Any) -> bool:

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pipeline import topics as T
+from pipeline.supervise import read_states
 from pipeline.roles import app_id, offset_peers
 from pipeline.transport.keys import Keys
 
@@ -133,6 +134,8 @@ class Snapshot:
     ok: bool
     topics: dict[str, TopicLag] = field(default_factory=dict)
     error: Optional[str] = None
+    #: what `notify run` supervises: "<host>/<process>" → state (pipeline/supervise.py)
+    processes: dict[str, dict] = field(default_factory=dict)
 
     @property
     def dlq_depth(self) -> int:
@@ -202,7 +205,9 @@ class LagSampler:
             for p in range(n):
                 pipe.get(keys.counter(topic, p))
                 order.append((topic, p))
+        pipe.hgetall(keys.supervisor)
         res = await pipe.execute()
+        processes = read_states(res.pop())
         committed = {g: _str_keys(h) for g, h in zip(groups, res)}
         hw = {tp: _int(v) for tp, v in zip(order, res[len(groups):])}
         # a topic the groups take turns on (PEERS) is as far as the furthest of them,
@@ -226,7 +231,7 @@ class LagSampler:
                     except ValueError:
                         ages[tp] = 0.0
 
-        snap = Snapshot(at=now, ok=True)
+        snap = Snapshot(at=now, ok=True, processes=processes)
         totals: dict[str, int] = {}
         for topic, n in counts.items():
             tl = TopicLag(
@@ -305,6 +310,18 @@ class LagCollector:
         yield hw
         yield cm
         yield rate
+        restarts = GaugeMetricFamily("notify_process_restarts",
+                                     "Times `notify run` restarted the process after it exited", labels=["process"])
+        looping = GaugeMetricFamily("notify_process_crash_looping",
+                                    "1 if the process exited 5 times within 5 minutes", labels=["process"])
+        up = GaugeMetricFamily("notify_process_up", "1 if the supervised process is running", labels=["process"])
+        for name, st in snap.processes.items():
+            restarts.add_metric([name], _int(st.get("restarts")))
+            looping.add_metric([name], 1.0 if st.get("crash_loop") else 0.0)
+            up.add_metric([name], 1.0 if st.get("up") else 0.0)
+        yield restarts
+        yield looping
+        yield up
         dlq = GaugeMetricFamily("notify_dead_letter_depth", "Messages in notify.dlq (all partitions)")
         dlq.add_metric([], snap.dlq_depth)
         yield dlq

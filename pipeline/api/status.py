@@ -94,6 +94,7 @@ async def status_document(sampler: Any, store: Any, client: Any, keys: Any) -> d
     published = snap.topics.get(T.OUTCOMES)
     doc["outcomes_published"] = sum(published.highwater) if snap.ok and published else None
     doc["breakers"] = breaker_states()
+    doc["processes"] = snap.processes
     try:
         doc["today"] = await store.counts_today()
     except Exception as exc:  # noqa: BLE001 - the page shows what it can
@@ -134,6 +135,7 @@ PAGE = """<!doctype html>
 </div>
 <div class="grid">
  <div><h2>Breakers</h2><table id="breakers"></table></div>
+ <div><h2>Processes</h2><table id="processes"></table></div>
  <div><h2>Today (UTC) <span id="total" class="meta"></span></h2><table id="today"></table></div>
 </div>
 <h2>Latest dead letters <span id="dlq" class="meta"></span></h2><table id="dead"></table>
@@ -165,6 +167,9 @@ async function refresh() {
     table("topics", head, lagRows(d.topics)); table("lanes", head, lagRows(d.lanes));
     const names = {closed: "ok", half_open: "warn", open: "bad"};
     table("breakers", ["provider", "state"], Object.entries(d.breakers).map(([p, s]) => [p, [s, names[s] || ""]]));
+    table("processes", ["process", "state", "restarts", "last exit"], Object.entries(d.processes || {}).map(([p, s]) =>
+      [p, s.crash_loop ? ["crash looping", "bad"] : s.up ? ["up", "ok"] : ["restarting", "warn"], String(s.restarts),
+       s.last_exit === null ? "—" : String(s.last_exit)]));
     const today = d.today || {states: {}, reasons: {}, total: 0};
     $("total").textContent = d.today ? today.total + " records" : "(store unavailable)";
     const rows = [];

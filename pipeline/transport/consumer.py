@@ -29,7 +29,7 @@ from .scripts import COMMIT, SET_FENCE
 if TYPE_CHECKING:
     from . import Transport
 
-__all__ = ["Consumer", "Record"]
+__all__ = ["Consumer", "MALFORMED", "Record"]
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +42,45 @@ class Record(NamedTuple):
     headers: list
 
 
+#: header name of a record whose transport fields could not be decoded (the reason
+#: is its value): no producer of this transport writes it (a header named this way
+#: by hand only gets its own entry dead-lettered). The agents' topics refuse such a
+#: record before decoding anything (pipeline/entries.py ``GuardedSchema``), so one
+#: malformed entry is dead-lettered and its partition goes on, instead of crashing
+#: the fetcher (and the worker) on every restart.
+MALFORMED = "\x00malformed"
+
+
 def _decode(entry_id: bytes, fields: list) -> Record:
-    """One entry of a raw XREAD reply: its id and its flat [name, value, ...] list."""
+    """One entry of a raw XREAD reply: its id and its flat [name, value, ...] list.
+    Never raises: an entry whose fields are not this transport's comes back marked
+    :data:`MALFORMED`, with what could be read of its key and value."""
     key = value = None
     ts = 0.0
     headers = []
     it = iter(fields)
-    for name, val in zip(it, it):
-        if name == b"v":
-            value = val
-        elif name == b"k":
-            key = val
-        elif name == b"t":
-            ts = float(val)
-        elif name[:2] == b"h:":
-            headers.append((name[2:].decode(), val))
+    try:
+        for name, val in zip(it, it):
+            if name == b"v":
+                value = val
+            elif name == b"k":
+                key = val
+            elif name == b"t":
+                ts = float(val)
+            elif name[:2] == b"h:":
+                headers.append((name[2:].decode(), val))
+        if len(fields) % 2:
+            raise ValueError("an odd number of fields")
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        return _malformed(entry_id, fields, f"{type(exc).__name__}: {exc}")
     return Record(offset_of(entry_id), ts, key, value, headers)
+
+
+def _malformed(entry_id: bytes, fields: list, why: str) -> Record:
+    raw = dict(zip(fields[::2], fields[1::2]))
+    key, value = raw.get(b"k"), raw.get(b"v")
+    return Record(offset_of(entry_id), 0.0, key if isinstance(key, bytes) else None,
+                  value if isinstance(value, bytes) else None, [(MALFORMED, why[:300].encode())])
 
 
 class _Read(NamedTuple):

@@ -9,6 +9,7 @@ single hash slot and the same code runs on Redis Cluster.
     <ns>:{<topic>|<p>}:f      fencing token allowed to write (changelogs only)
     <ns>:topics               hash topic → partition count
     <ns>:readers:<topic>      sorted set group → last seen (ms): who holds the topic's entries
+    <ns>:supervisor           hash "<host>/<process>" → JSON state (pipeline/supervise.py)
     <ns>:{g|<group>}:offsets  hash "<topic>|<p>" → committed offset (next to read)
     <ns>:{g|<group>}:lease:<slot>   owner token, expires (PX) unless renewed
     <ns>:{g|<group>}:fence    hash slot → token of the slot's current owner
@@ -65,6 +66,10 @@ class Keys:
     @property
     def topics(self) -> str:
         return f"{self.ns}:topics"
+
+    @property
+    def supervisor(self) -> str:
+        return f"{self.ns}:supervisor"
 
     def readers(self, topic: str) -> str:
         return f"{self.ns}:readers:{topic}"
