@@ -3,9 +3,12 @@
 Lanes are separate topics consumed independently, so a marketing backlog on a
 low lane never waits in front of an OTP on a high one (the high topics are also
 fetched and written apart: pipeline/transport/priority.py). Each agent takes what
-its stream has ready, up to the lane's batch size (pipeline/take.py), marks every
-delivery "calling" in the inflight table (durably, before any provider call), calls the providers concurrently, and turns results into
-outcomes, retries (on the timer topic) and dead letters via pipeline/rules/attempts.
+its stream has ready (pipeline/take.py) while it has room in its window of calls
+in flight, marks every delivery "calling" in the inflight table (durably, before
+any provider call), starts its call, and turns each result, whenever it comes,
+into outcomes, retries (on the timer topic) and dead letters via
+pipeline/rules/attempts. A hanging call holds one slot, never the lane
+(docs/adr/0001-lanes-as-continuous-pipelines.md).
 """
 
 import asyncio
@@ -129,76 +132,134 @@ async def _add_inbox(items: list) -> None:
     await runtime.with_store(lambda store: store.add_inbox(items), "inbox")
 
 
+class InboxWriter:
+    """Inbox rows of the deliveries that finish, written together: whatever arrives
+    while one write runs goes in the next (a group commit), so a lane whose calls
+    finish one by one still writes SQLite in batches, and no row waits for more."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[InboxItem, asyncio.Future]] = []
+        self._writer: Optional[asyncio.Future] = None
+
+    async def add(self, item: InboxItem) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((item, fut))
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write())
+        await fut
+
+    async def _write(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await _add_inbox([item for item, _f in batch])
+                except Exception as exc:  # noqa: BLE001 - each waiter gets it
+                    for _item, f in batch:
+                        f.done() or f.set_exception(exc)
+                else:
+                    for _item, f in batch:
+                        f.done() or f.set_result(None)
+        finally:
+            self._writer = None
+
+
+async def finish(d: Delivery, s: Step, partition: int, inbox: InboxWriter) -> None:
+    """Send what one delivery's step decided, then cache its "done" mark."""
+    if s.inbox:
+        await inbox.add(s.inbox)
+        s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
+                                  provider="inbox", provider_msg_id=d.delivery_id, retry_count=s.attempts_made))
+    await emit.outcomes(s.outcomes)
+    if s.retry is not None:
+        await emit.retry(s.retry)
+    if s.poll:
+        await emit.timer(d.user_id, Timer(
+            timer_id=f"{d.delivery_id}:poll", due_at=clock.now() + settings.receipt_poll_s, kind="poll",
+            payload={"user_id": d.user_id, "delivery": d.asdict(), "provider": s.poll}))
+    if s.dead_letter:
+        await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
+    if s.remove_token:
+        await devices_topic.send(key=d.user_id, value=DeviceUpdate(
+            user_id=d.user_id, token=s.remove_token, op="remove", at=time.time()))
+    # cached until the commit, so it is written after the outcomes above and their
+    # records (agents/sink.py): a crash in between leaves "calling", and the replay
+    # reconciles and records instead of skipping
+    remember(inflight, partition, d.delivery_id,
+             {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now()})
+
+
 def make_lane(channel: str, priority: str):
+    """The lane's agent: a window of up to ``lane_batch_size`` provider calls in flight
+    (docs/adr/0001-lanes-as-continuous-pipelines.md). New deliveries are taken as
+    slots free up, calls finish in any order, and each entry is acknowledged when its
+    delivery is done: the committed offset stops below the lowest unfinished one."""
     topic = lane_topics[(channel, priority)]
-    batch_size = settings.lane_batch_size(channel, priority)
+    window = settings.lane_batch_size(channel, priority)
+    name = f"lane.{channel}.{priority}"
 
     async def lane(stream):
         turn = turns_for(stream)
-        async for events in take_ready(stream, batch_size):
-            disp = await runtime.dispatcher()
-            todo: dict[str, tuple] = {}
-            marks = []
-            for ev in events:
-                d: Delivery = ev.value
-                st = inflight.get(d.delivery_id)
-                if st and (st["a"] > d.attempt or (st["s"] in DONE and st["a"] >= d.attempt)):
-                    continue  # superseded or done: a replayed or duplicated delivery
-                if d.delivery_id in todo:
-                    continue
-                fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt)
-                todo[d.delivery_id] = (ev.message.partition, d, fate_unknown)
-                marks.append((d.delivery_id,
-                              put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})))
-            if not todo:
-                continue
-            # the "calling" marks are durable before any call: wait for those writes
-            # only (a producer flush would also wait for everything else sent, and
-            # send every table change cached for the next commit)
-            fenced = 0
-            for did, mark in marks:
-                try:
-                    await mark
-                except ProducerFenced:
-                    # refused: this worker lost the partition (paused past its lease, a
-                    # zombie); its new owner reads these deliveries again, so no call here
-                    todo.pop(did, None)
-                    fenced += 1
-            if fenced:
-                log.warning("lane %s.%s: %d deliveries fenced (partition lost), left to their new owner",
-                            channel, priority, fenced)
-            if not todo:
-                continue
-            steps = await asyncio.gather(*(contained_step(d, disp, unknown) for _p, d, unknown in todo.values()))
-            inbox = [s.inbox for s in steps if s.inbox]
-            if inbox:
-                await _add_inbox(inbox)
-            for (partition, d, _u), s in zip(todo.values(), steps):
-                await turn()
-                if s.inbox:
-                    s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
-                                              provider="inbox", provider_msg_id=d.delivery_id,
-                                              retry_count=s.attempts_made))
-                await emit.outcomes(s.outcomes)
-                if s.retry is not None:
-                    await emit.retry(s.retry)
-                if s.poll:
-                    await emit.timer(d.user_id, Timer(
-                        timer_id=f"{d.delivery_id}:poll", due_at=clock.now() + settings.receipt_poll_s, kind="poll",
-                        payload={"user_id": d.user_id, "delivery": d.asdict(), "provider": s.poll}))
-                if s.dead_letter:
-                    await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
-                if s.remove_token:
-                    await devices_topic.send(key=d.user_id, value=DeviceUpdate(
-                        user_id=d.user_id, token=s.remove_token, op="remove", at=time.time()))
-                # cached until the commit, so it is written after the outcomes above and
-                # their records (agents/sink.py): a crash in between leaves "calling",
-                # and the replay reconciles and records instead of skipping
-                remember(inflight, partition, d.delivery_id,
-                         {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now()})
+        slots = asyncio.Semaphore(window)
+        running: dict[str, asyncio.Future] = {}
+        failed: list[BaseException] = []
+        inbox = InboxWriter()
+
+        async def call(ev, d: Delivery, disp, fate_unknown: bool) -> None:
+            try:
+                s = await contained_step(d, disp, fate_unknown)
+                await finish(d, s, ev.message.partition, inbox)
+                await stream.ack(ev)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # a transient error: the agent crashes, as it did
+                failed.append(exc)
+            finally:
+                running.pop(d.delivery_id, None)
+                slots.release()
+
+        try:
+            async for events in take_ready(stream, window, ack=False):
+                if failed:
+                    raise failed[0]
+                disp = await runtime.dispatcher()
+                todo: list[tuple] = []
+                for ev in events:
+                    await turn()
+                    d: Delivery = ev.value
+                    st = inflight.get(d.delivery_id)
+                    if (st and (st["a"] > d.attempt or (st["s"] in DONE and st["a"] >= d.attempt))) \
+                            or d.delivery_id in running:
+                        await stream.ack(ev)  # superseded, done, or in flight here: a replay or duplicate
+                        continue
+                    await slots.acquire()  # a free slot in the window, before the call is marked
+                    fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt)
+                    running[d.delivery_id] = asyncio.get_running_loop().create_future()  # reserved
+                    mark = put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})
+                    todo.append((ev, d, fate_unknown, mark))
+                # the "calling" marks are durable before any call: wait for those writes
+                # only (a producer flush would also wait for everything else sent)
+                fenced = 0
+                for ev, d, fate_unknown, mark in todo:
+                    try:
+                        await mark
+                    except ProducerFenced:
+                        # refused: this worker lost the partition (paused past its lease, a
+                        # zombie); its new owner reads the delivery again, so no call here
+                        running.pop(d.delivery_id, None)
+                        slots.release()
+                        await stream.ack(ev)
+                        fenced += 1
+                        continue
+                    running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown))
+                if fenced:
+                    log.warning("lane %s: %d deliveries fenced (partition lost), left to their new owner", name, fenced)
+        finally:
+            for task in list(running.values()):
+                task.cancel()  # the fate of a call cut short is unknown: its replay asks the provider
 
     lane.__name__ = f"lane_{channel}_{priority}"
-    return app.agent(topic, name=f"lane.{channel}.{priority}")(lane)
+    return app.agent(topic, name=name)(lane)
 
 
 lanes = {key: make_lane(*key) for key in lane_topics}
