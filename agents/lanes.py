@@ -118,7 +118,7 @@ async def contained_step(d: Delivery, disp, fate_unknown: bool) -> Step:
         return await step(d, disp, fate_unknown)
     except PASS_THROUGH:
         raise
-    except Exception as exc:  # noqa: BLE001 - one bad delivery must not stop a lane
+    except Exception:  # noqa: BLE001 - one bad delivery must not stop a lane
         metrics.agent_errors.labels(f"lane.{d.channel}.{d.priority}").inc()
         log.exception("lane %s.%s failed on delivery %s; it is dead-lettered", d.channel, d.priority, d.delivery_id)
         out = Step(state=State.FAILED, attempts_made=d.attempt, dead_letter="agent_error")

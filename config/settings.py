@@ -119,8 +119,9 @@ class Settings:
         return self.categories[name]
 
     def lane_batch_size(self, channel: str, priority: str) -> int:
-        """Deliveries the ``notify.send.<channel>.<priority>`` agent takes at once: the
-        priority's ``[lane_batch_size]`` when set, else ``channels.<channel>.lane_batch_size``."""
+        """Provider calls the ``notify.send.<channel>.<priority>`` agent keeps in flight (its
+        window, docs/adr/0001): the priority's ``[lane_batch_size]`` when set, else
+        ``channels.<channel>.lane_batch_size``."""
         return self.lane_batch_sizes.get(priority) or self.channels[channel].lane_batch_size
 
     def channel_limits(self) -> dict[str, dict[str, int]]:

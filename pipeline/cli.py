@@ -76,7 +76,7 @@ def cmd_run(args) -> int:
         _broker_file(settings).parent.mkdir(parents=True, exist_ok=True)
         _broker_file(settings).write_text(url)
         print(f"embedded server {url} (AOF everysec in {server.data_dir})", flush=True)
-    env = dict(os.environ, NOTIFY_BROKER=url, NOTIFY_WORKERS=str(args.workers))
+    env = dict(os.environ, NOTIFY_BROKER=url)
     if args.providers == "simulators":
         # the simulators sign their receipts with secrets the API's receipts endpoint knows
         import secrets
@@ -86,19 +86,22 @@ def cmd_run(args) -> int:
         env["NOTIFY_PROVIDERS"] = "simulators"
         if args.api_port:
             env.setdefault("NOTIFY_RECEIPTS_URL", f"http://127.0.0.1:{args.api_port}/v1/receipts")
+    from pipeline import layout
     from pipeline.supervise import Child, Supervisor, redis_reporter
     from pipeline.transport.keys import Keys
 
+    workers = args.workers or layout.default_workers()
+    info = str(Path(settings.data_dir).resolve() / "simulators.json") \
+        if args.providers == "simulators" and not args.simulators_in_worker else None
+    procs = layout.plan(env, workers=workers, priority_process=args.priority_process, api_port=args.api_port,
+                        metrics_port=args.metrics_port, loglevel=args.loglevel, simulators_info=info)
+    print("processes (restarted when they exit):\n" + layout.describe(procs), flush=True)
     children = []
     if server is not None:
         children.append(Child("broker", lambda: server.start().proc, proc=server.proc, started_at=time.time()))
-    for i in range(args.workers):
-        wenv = dict(env, NOTIFY_WORKER_INDEX=str(i))
-        if args.metrics_port:
-            wenv["NOTIFY_METRICS_PORT"] = str(args.metrics_port + i)
-        children.append(Child(f"worker-{i}", _spawn(["worker", "-l", args.loglevel], wenv)))
-    if args.api_port:
-        children.append(Child("api", _spawn(["api", "--port", str(args.api_port)], env)))
+    workers_of = tuple(p.name for p in procs if "worker" in p.argv)
+    children += [Child(p.name, _spawn(p.argv, p.env, p.waits_for),
+                       restart_with=workers_of if p.name == "simulators" else ()) for p in procs]
     sup = Supervisor(children, report=redis_reporter(url, Keys().supervisor))
     stop = {"now": False}
 
@@ -111,10 +114,8 @@ def cmd_run(args) -> int:
         sup.start()
         if args.api_port:
             print(f"API and status page on http://127.0.0.1:{args.api_port}/ "
-                  f"(keys: NOTIFY_API_KEY or `notify keys add`); worker metrics on "
-                  f":{args.metrics_port}..{args.metrics_port + args.workers - 1}/metrics", flush=True)
-        print("processes are restarted when they exit (pipeline/supervise.py); stop with Ctrl-C or SIGTERM",
-              flush=True)
+                  f"(keys: NOTIFY_API_KEY or `notify keys add`)", flush=True)
+        print("running; stop with Ctrl-C or SIGTERM", flush=True)
         while not stop["now"]:
             sup.tick()
             time.sleep(0.2)
@@ -124,23 +125,21 @@ def cmd_run(args) -> int:
         sup.stop(until=lambda c: c.name == "broker")
 
 
-def _spawn(argv: list[str], env: dict) -> Any:
-    """A factory of ``notify <argv>`` processes with ``env``."""
-    return lambda: subprocess.Popen([sys.executable, "-m", "pipeline.cli", *argv], env=env)
-
-
-def stop_all(procs: list, server: Any = None, timeout: float = 30.0) -> None:
-    """SIGTERM the processes, kill what does not stop in time, then stop the server."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    if server:
-        server.stop()
+def _spawn(argv: Any, env: dict, waits_for: Optional[str] = None, timeout: float = 30.0) -> Any:
+    """A factory of ``python -m <argv>`` processes with ``env``; with ``waits_for``,
+    each start removes that file and returns once the process wrote it again."""
+    def start() -> subprocess.Popen:
+        if waits_for:
+            Path(waits_for).unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", *argv], env=env, stdout=subprocess.DEVNULL if waits_for else None)
+        deadline = time.monotonic() + timeout
+        while waits_for and not Path(waits_for).exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{argv[0]} did not start (exit {proc.poll()})")
+            time.sleep(0.05)
+        return proc
+    return start
 
 
 def cmd_worker(args) -> int:
@@ -462,7 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="notify", description="notify-stream: notifications as a stream pipeline")
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="embedded server (unless REDIS_URL) and workers")
-    run.add_argument("--workers", type=int, default=1)
+    run.add_argument("--workers", type=int, default=0,
+                     help="main workers (default: one per core), beside the high-priority process")
+    run.add_argument("--no-priority-process", dest="priority_process", action="store_false",
+                     help="no process of its own for the OTP / security path: N workers of role 'all'")
+    run.add_argument("--simulators-in-worker", action="store_true",
+                     help="the simulators inside each worker process (as before), not in a process of their own")
     run.add_argument("--port", type=int, default=None, help="embedded server port (default: a free one)")
     run.add_argument("--api-port", type=int, default=8080, help="HTTP API port (0 = no API)")
     run.add_argument("--providers", choices=["simulators", "fake"], default="simulators",

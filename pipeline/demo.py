@@ -8,7 +8,6 @@ otherwise starts the embedded server and two workers with the simulators itself.
 
 from __future__ import annotations
 
-import os
 import random
 import sqlite3
 import subprocess
@@ -19,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.topics import event_key
+from pipeline.topics import event_key, event_topic
 
 __all__ = ["run_demo"]
 
@@ -114,42 +113,56 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
 
     from config.settings import load_settings
 
-    from .cli import CLIError, _send_raw, broker_url, stop_all
+    from .cli import CLIError, _send_raw, broker_url
 
     settings = load_settings()
     rng = random.Random(seed)
-    started: list[subprocess.Popen] = []
-    server = None
+    run = None
     try:
         try:
             url = broker_url(settings)
         except CLIError:
-            from .embedded import EmbeddedRedis
-
-            server = EmbeddedRedis(Path(settings.data_dir) / "redis").start()
-            url = server.url
-            env = dict(os.environ, NOTIFY_BROKER=url, NOTIFY_WORKERS="2", NOTIFY_PROVIDERS="simulators")
-            for i in range(2):
-                started.append(subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"],
-                                                env=dict(env, NOTIFY_WORKER_INDEX=str(i))))
+            # no pipeline running: start `notify run` as a user would (its default layout:
+            # the priority process, a main worker per core, the simulators apart), no API
+            flag = Path(settings.data_dir) / "broker.url"
+            run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", "0",
+                                    "--metrics-port", "0"], stdout=subprocess.DEVNULL)
+            deadline = time.time() + 60
+            while not flag.exists():
+                if run.poll() is not None or time.time() > deadline:
+                    raise CLIError("notify run did not start") from None
+                time.sleep(0.1)
+            url = flag.read_text().strip()
         prefs, devices = _users(users, rng)
         asyncio.run(_send_raw(url, "notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]))
         asyncio.run(_send_raw(url, "notify.devices", [(d["user_id"].encode(), orjson.dumps(d)) for d in devices]))
         evs = _events(events, users, rng)
         t0 = time.time()
-        asyncio.run(_send_raw(url, "notify.events", [(event_key(e["biz_key"], e.get("recipients")), orjson.dumps(e)) for e in evs]))
+        by_topic: dict[str, list] = {}
+        for e in evs:  # where the API writes them: OTPs and security alerts on notify.events.high
+            by_topic.setdefault(event_topic(settings, e["category"]), []).append(
+                (event_key(e["biz_key"], e.get("recipients")), orjson.dumps(e)))
+        for topic, items in sorted(by_topic.items(), reverse=True):  # the high topic first
+            asyncio.run(_send_raw(url, topic, items))
         db = Path(settings.db_path)
+        tty = sys.stdout.isatty()
         last, still = (-1, -1), 0
         # until every record is terminal, or nothing moved for 30 s (retries back off)
         while still < 60 and not (last[0] and last[0] == last[1] and still >= 4):
             total, done = _counts(db)
             bar = "#" * int(30 * done / max(total, 1))
-            print(f"\r[{bar:30}] {done}/{total} records terminal, {time.time() - t0:5.1f}s", end="", flush=True)
+            if tty:
+                print(f"\r[{bar:30}] {done}/{total} records terminal, {time.time() - t0:5.1f}s", end="", flush=True)
+            elif (total, done) != last and int(time.time() - t0) % 10 == 0:  # a line every ~10 s, not every 0.5
+                print(f"{done}/{total} records terminal, {time.time() - t0:5.1f}s", flush=True)
             still = still + 1 if (total, done) == last and total else 0
             last = (total, done)
             time.sleep(0.5)
-        print()
+        if tty:
+            print()
         print(_summary(db))
         return 0
     finally:
-        stop_all(started, server)
+        if run is not None and run.poll() is None:
+            run.terminate()
+            run.wait(60)

@@ -68,6 +68,10 @@ class Child:
     due_at: Optional[float] = None  # when a restart is due
     last_exit: Optional[int] = None
     exits: deque = field(default_factory=lambda: deque(maxlen=LOOP_RESTARTS * 4))
+    #: children to restart when this one is restarted (workers that hold what it
+    #: gave them at start: the simulators' ports and credentials)
+    restart_with: tuple[str, ...] = ()
+    planned: bool = False  # stopped on purpose: its exit is not a failure
 
     def state(self, now: float) -> dict[str, Any]:
         up = self.proc is not None and self.proc.poll() is None
@@ -96,7 +100,9 @@ class Supervisor:
         """Restart what exited once its delay passed; True if anything changed."""
         now, changed = self.clock(), False
         for c in self.children:
-            if c.due_at is None and c.proc is not None and c.proc.poll() is not None:
+            if c.due_at is None and c.proc is not None and c.proc.poll() is not None and c.planned:
+                c.planned, c.due_at = False, now
+            elif c.due_at is None and c.proc is not None and c.proc.poll() is not None:
                 code = c.proc.returncode
                 c.consecutive = 1 if now - c.started_at >= STABLE_S else c.consecutive + 1
                 c.exits.append(now)
@@ -118,10 +124,18 @@ class Supervisor:
                 else:
                     c.due_at, c.started_at = None, now
                     c.restarts += 1
+                    self._restart_dependents(c)
                 changed = True
         if changed:
             self._report()
         return changed
+
+    def _restart_dependents(self, c: Child) -> None:
+        for d in self.children:
+            if d.name in c.restart_with and d.proc is not None and d.proc.poll() is None:
+                print(f"notify: restarting {d.name} with {c.name}", flush=True)
+                d.planned = True
+                d.proc.send_signal(signal.SIGTERM)
 
     def states(self) -> dict[str, dict]:
         now = self.clock()

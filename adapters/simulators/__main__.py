@@ -22,8 +22,10 @@ from . import SimProfile, start_all
 async def _main(args: argparse.Namespace) -> None:
     extra = {"hang_s": args.hang_s} if args.hang_s is not None else {}
     profile = SimProfile.clean(seed=args.seed, **extra) if args.clean else SimProfile.realistic(seed=args.seed, **extra)
+    # the secrets the receipts are signed with, when the API that verifies them set them
     sims = await start_all(args.receipts_url, profile=profile, smtp_tls=args.smtp_tls, smtp_auth=args.smtp_auth,
-                           ledger_path=args.ledger)
+                           ledger_path=args.ledger, twilio_auth_token=os.environ.get("NOTIFY_TWILIO_AUTH_TOKEN"),
+                           vendor_secret=os.environ.get("NOTIFY_VENDOR_SECRET"))
     info = orjson.dumps(sims.as_dict())
     if args.info:
         tmp = args.info + ".tmp"

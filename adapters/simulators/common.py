@@ -102,12 +102,16 @@ class SimProfile:
     :meth:`clean` is deterministic (for tests).
     """
 
-    latency: tuple[float, float] = (0.005, 0.04)  #: base answer time, seconds
+    #: base answer time, seconds (with slow_* below: p50 ~30 ms, p99 ~300 ms, as a
+    #: provider across the internet answers)
+    latency: tuple[float, float] = (0.01, 0.05)
     error_rate: float = 0.01  #: random 5xx
     ratelimit_rate: float = 0.005  #: random 429
     slow_rate: float = 0.02  #: random slow answer ...
-    slow_s: tuple[float, float] = (0.3, 1.2)  #: ... of this many extra seconds
-    timeout_rate: float = 0.0  #: random accept-then-hang (TIMEOUT_UNKNOWN)
+    slow_s: tuple[float, float] = (0.15, 0.5)  #: ... of this many extra seconds
+    #: random accept-then-hang until the client's timeout (TIMEOUT_UNKNOWN): real
+    #: providers do it about once in a thousand calls
+    timeout_rate: float = 0.001
     undelivered_rate: float = 0.02  #: accepted, then a failed receipt
     receipt_delay: tuple[float, float] = (0.3, 2.0)  #: accept → final receipt
     retry_after: float = 1.0  #: Retry-After on 429

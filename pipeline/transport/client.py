@@ -12,7 +12,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import AskError, ClusterError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
+from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted with a warning
 from yarl import URL
 
 __all__ = [

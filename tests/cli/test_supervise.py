@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -86,23 +85,24 @@ def test_notify_run_restarts_a_killed_worker_and_keeps_the_api_and_broker(tmp_pa
     api_port = free_port()
     log = open(tmp_path / "run.log", "w")
     run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", str(api_port),
-                            "--metrics-port", "0", "--providers", "fake"],
+                            "--metrics-port", "0", "--providers", "fake", "--workers", "1"],
                            cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         def processes() -> dict:
             out = notify(env, "status", check=False).stdout
-            rows = [line.split() for line in out.splitlines() if "/worker-0" in line or "/api" in line
-                    or "/broker" in line]
+            names = ("/main-0 ", "/priority ", "/api ", "/broker ")
+            rows = [line.split() for line in out.splitlines() if any(n in line for n in names)]
             return {r[0].split("/", 1)[1]: r[1:] for r in rows}
 
         wait_until(lambda: (Path(env["NOTIFY_DATA_DIR"]) / "broker.url").exists(), 30, 0.1, "the broker")
-        wait_until(lambda: set(processes()) == {"broker", "worker-0", "api"}, 60, 0.3, "three processes")
-        worker = next(p for p in _children(run.pid) if "worker" in " ".join(p.cmdline()))
+        wait_until(lambda: set(processes()) == {"broker", "priority", "main-0", "api"}, 60, 0.3,
+                   "the default layout")
+        worker = next(p for p in _children(run.pid) if "--role main" in " ".join(p.cmdline()))
         api = next(p for p in _children(run.pid) if " api " in " ".join(p.cmdline()) + " ")
         worker.send_signal(signal.SIGKILL)
-        wait_until(lambda: processes().get("worker-0", [""])[0] == "up" and processes()["worker-0"][2] == "1",
+        wait_until(lambda: processes().get("main-0", [""])[0] == "up" and processes()["main-0"][2] == "1",
                    60, 0.3, "the worker restarted")
-        state, pid, restarts, last_exit = processes()["worker-0"]
+        state, pid, restarts, last_exit = processes()["main-0"]
         assert int(pid) != worker.pid and last_exit == "-9"
         assert api.is_running() and run.poll() is None
         # the restarted worker does the work
@@ -115,10 +115,10 @@ def test_notify_run_restarts_a_killed_worker_and_keeps_the_api_and_broker(tmp_pa
         import urllib.request
 
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{api_port}/metrics", timeout=10).read().decode()
-        assert any(line.startswith("notify_process_restarts{") and "worker-0" in line and line.endswith(" 1.0")
+        assert any(line.startswith("notify_process_restarts{") and "main-0" in line and line.endswith(" 1.0")
                    for line in metrics.splitlines()), metrics[-2000:]
         status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{api_port}/v1/status.json", timeout=10).read())
-        assert any(name.endswith("/worker-0") and st["restarts"] == 1 for name, st in status["processes"].items())
+        assert any(name.endswith("/main-0") and st["restarts"] == 1 for name, st in status["processes"].items())
     finally:
         kids = _children(run.pid) if run.poll() is None else []
         run.terminate()
@@ -126,3 +126,27 @@ def test_notify_run_restarts_a_killed_worker_and_keeps_the_api_and_broker(tmp_pa
     assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
     assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
     assert "exited with -9; restarting" in (tmp_path / "run.log").read_text()
+
+
+def test_a_restart_takes_its_dependents_along_without_counting_them_as_failures():
+    clock = Clock()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sims = Child("simulators", lambda: subprocess.Popen(sleeper), restart_with=("main-0",))
+    worker = Child("main-0", lambda: subprocess.Popen(sleeper))
+    sup = Supervisor([sims, worker], clock=clock)
+    sup.start()
+    try:
+        first = worker.proc
+        sims.proc.kill()
+        sims.proc.wait(10)
+        sup.tick()
+        clock.t = sims.due_at
+        sup.tick()  # the simulators start again, the worker is asked to stop
+        first.wait(10)
+        sup.tick()  # its exit was planned: started again at once
+        sup.tick()
+        assert worker.proc is not first and worker.proc.poll() is None
+        assert worker.restarts == 1 and not worker.exits and worker.consecutive == 0
+        assert sims.restarts == 1 and len(sims.exits) == 1
+    finally:
+        sup.stop(timeout=5)

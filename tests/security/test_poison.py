@@ -81,13 +81,20 @@ def test_malformed_entries_in_every_partition_are_dead_lettered_and_the_partitio
 
     want = {(e["biz_key"], e["recipients"][0], "inbox") for tag in ("before", "after") for e in good_events(tag)}
 
+    state = {}
+
     def settled():
         assert proc.poll() is None, pipe.log()[-3000:]
         rows = pipe.rows()
-        done = all(rows.get(k, {}).get("status") == "DELIVERED" for k in want)
-        return done and len(letters(r)) >= sum(expected.values()) + 1
+        state["missing"] = sorted(k for k in want if rows.get(k, {}).get("status") != "DELIVERED")
+        state["letters"] = Counter((d["source"], d["reason"]) for d in letters(r))
+        return not state["missing"] and len(letters(r)) >= sum(expected.values()) + 1
 
-    wait_until(settled, 90, 0.3, "good events delivered and every malformed entry dead-lettered")
+    try:
+        wait_until(settled, 90, 0.3, "good events delivered and every malformed entry dead-lettered")
+    except AssertionError:
+        raise AssertionError(f"not delivered: {state.get('missing')}; dead letters short: "
+                             f"{expected - state.get('letters', Counter())}\n{pipe.log()[-3000:]}") from None
     got = letters(r)
     mal = [d for d in got if d["reason"] == "malformed_entry"]
     assert Counter((d["source"], d["reason"]) for d in mal) == expected
