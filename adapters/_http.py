@@ -9,6 +9,7 @@ import httpx
 
 from pipeline.models import AttemptResult
 
+from ._aiohttp import AiohttpTransport
 from .base import QueryResult, QueryStatus, SendResult
 
 __all__ = ["make_client", "exception_result", "query_error", "response_json"]
@@ -29,6 +30,8 @@ def make_client(
     kwargs: dict[str, Any] = {}
     if http2:
         kwargs.update(http1=False, http2=True)
+    else:  # HTTP/1.1 over aiohttp: a fifth of httpx's own cost per call (adapters/_aiohttp.py)
+        kwargs["transport"] = AiohttpTransport(max_connections=max_connections, verify=verify)
     return httpx.AsyncClient(
         base_url=base_url,
         timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=connect_timeout),

@@ -35,6 +35,9 @@ from . import emit
 log = logging.getLogger(__name__)
 
 DONE = {State.ACCEPTED, State.FAILED, State.REVIEW, State.FILTERED, State.DELIVERED}
+#: longest a delivery waits in its slot for a provider's rate (token bucket) or a
+#: breaker's next probe before it is scheduled on the timer topic instead
+IN_SLOT_WAIT_S = 2.0
 
 
 @dataclass
@@ -75,7 +78,16 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
             return out
         reconciled = bool(d.unknown_provider)
     rnd = await disp.send(d, reconciled=reconciled)
-    if not rnd.results:  # breakers open or out of rate: try later, no attempt made
+    waited = 0.0
+    while not rnd.results and rnd.wait_s and waited + rnd.wait_s <= IN_SLOT_WAIT_S:
+        # out of rate (or a breaker about to half-open) for a moment: wait in this
+        # delivery's slot, the lane's other slots go on. Through the timer topic the
+        # wait would be a round trip through the scheduler of the main workers
+        # (behind whatever backlog they have: an OTP behind a campaign)
+        await asyncio.sleep(rnd.wait_s)
+        waited += rnd.wait_s
+        rnd = await disp.send(d, reconciled=reconciled)
+    if not rnd.results:  # breakers open or out of rate for longer: try later, no attempt made
         data = d.asdict()
         data["due_at"] = now + (rnd.wait_s or 0.1)
         out.retry = Delivery(**data)
@@ -205,8 +217,19 @@ def make_lane(channel: str, priority: str):
         failed: list[BaseException] = []
         inbox = InboxWriter()
 
-        async def call(ev, d: Delivery, disp, fate_unknown: bool) -> None:
+        async def call(ev, d: Delivery, disp, fate_unknown: bool, mark) -> None:
             try:
+                try:
+                    # the "calling" mark is durable before the call: wait for this write
+                    # only (a producer flush would also wait for everything else sent)
+                    await mark
+                except ProducerFenced:
+                    # refused: this worker lost the partition (paused past its lease, a
+                    # zombie); its new owner reads the delivery again, so no call here
+                    log.warning("lane %s: delivery %s fenced (partition lost), left to its new owner",
+                                name, d.delivery_id)
+                    await stream.ack(ev)
+                    return
                 s = await contained_step(d, disp, fate_unknown)
                 await finish(d, s, ev.message.partition, inbox)
                 await stream.ack(ev)
@@ -223,7 +246,6 @@ def make_lane(channel: str, priority: str):
                 if failed:
                     raise failed[0]
                 disp = await runtime.dispatcher()
-                todo: list[tuple] = []
                 for ev in events:
                     await turn()
                     d: Delivery = ev.value
@@ -232,28 +254,12 @@ def make_lane(channel: str, priority: str):
                             or d.delivery_id in running:
                         await stream.ack(ev)  # superseded, done, or in flight here: a replay or duplicate
                         continue
-                    await slots.acquire()  # a free slot in the window, before the call is marked
+                    # a free slot, then this delivery starts at once: it never waits for
+                    # the rest of its take to find slots (that is, for the slowest call)
+                    await slots.acquire()
                     fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt)
-                    running[d.delivery_id] = asyncio.get_running_loop().create_future()  # reserved
                     mark = put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})
-                    todo.append((ev, d, fate_unknown, mark))
-                # the "calling" marks are durable before any call: wait for those writes
-                # only (a producer flush would also wait for everything else sent)
-                fenced = 0
-                for ev, d, fate_unknown, mark in todo:
-                    try:
-                        await mark
-                    except ProducerFenced:
-                        # refused: this worker lost the partition (paused past its lease, a
-                        # zombie); its new owner reads the delivery again, so no call here
-                        running.pop(d.delivery_id, None)
-                        slots.release()
-                        await stream.ack(ev)
-                        fenced += 1
-                        continue
-                    running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown))
-                if fenced:
-                    log.warning("lane %s: %d deliveries fenced (partition lost), left to their new owner", name, fenced)
+                    running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
         finally:
             for task in list(running.values()):
                 task.cancel()  # the fate of a call cut short is unknown: its replay asks the provider
