@@ -1,0 +1,132 @@
+"""What one provider call costs the worker: client CPU µs per call and calls/s for
+each adapter against its simulator running in a process of its own (as
+``notify run`` starts them), at concurrency 1 and 50, on the adapters as they
+ship and, for the HTTP/1.1 adapters, on httpx's own transport (the baseline of
+the same run, for the ratio).
+
+    .venv/bin/python bench/adapters.py [--calls 1000] [--markdown]
+
+The simulators run with the clean profile (no random latency or failures), so
+what is measured is the client's own cost; the simulator process has a core of
+its own only if the machine has one to spare (2 cores here: it competes with
+the client, which lowers calls/s, not CPU per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adapters import _http  # noqa: E402
+from adapters.simulators import build_providers_from_info  # noqa: E402
+from pipeline.models import Delivery  # noqa: E402
+
+CHANNEL = {"twilio": "sms", "smsvendor": "sms", "webhook": "webhook", "apns": "push", "fcm": "push", "smtp": "email"}
+HTTP1 = ("twilio", "smsvendor", "webhook")
+
+
+def address(provider: str, info: dict, i: int) -> str:
+    if provider in ("twilio", "smsvendor"):
+        return f"+1555{i % 1_000_000:06d}9"  # no simulator scenario ends in 9
+    if provider == "apns":
+        return "apns:" + f"{i:064x}"
+    if provider == "fcm":
+        return f"fcm:bench-token-{i}"
+    if provider == "smtp":
+        return f"user{i}@example.com"
+    return info["urls"]["webhook"]
+
+
+def delivery(provider: str, info: dict, tag: str, i: int) -> Delivery:
+    channel = CHANNEL[provider]
+    content = {"title": "Hi", "body": "Your code is 123456", "subject": "Hi", "html": "<p>Hi</p>", "text": "Hi"}
+    if channel == "webhook":
+        content = {"body": {"type": "bench", "i": i}}
+    return Delivery(delivery_id=f"n_{tag}{i:016d}.{channel}", notification_id=f"n_{tag}{i:016d}", biz_key=f"bench:{i}",
+                    user_id=f"u{i}", channel=channel, category="transaction", template="bench", priority="normal",
+                    address=address(provider, info, i), content=content)
+
+
+async def measure(provider: str, info: dict, calls: int, conc: int, tag: str) -> dict:
+    providers = build_providers_from_info(info)
+    p = providers[provider]
+    try:
+        await asyncio.gather(*(p.send(delivery(provider, info, tag + "w", i)) for i in range(min(conc, 20))))
+        sem = asyncio.Semaphore(conc)
+        results: dict[str, int] = {}
+
+        async def one(i: int) -> None:
+            async with sem:
+                r = await p.send(delivery(provider, info, tag, i))
+                results[r.result] = results.get(r.result, 0) + 1
+
+        t0, c0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(i) for i in range(calls)))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"provider": provider, "conc": conc, "calls_s": calls / wall, "cpu_us": cpu / calls * 1e6,
+                "results": results}
+    finally:
+        for q in providers.values():
+            close = getattr(q, "close", None)
+            if close is not None:
+                await close()
+
+
+def native_transport() -> None:
+    """The baseline: HTTP/1.1 adapters on httpx's own transport (httpcore)."""
+    _http.AiohttpTransport = lambda max_connections, verify: httpx.AsyncHTTPTransport(  # type: ignore[assignment]
+        verify=verify, limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    info_path = os.path.join(tempfile.mkdtemp(), "sims.json")
+    sims = subprocess.Popen([sys.executable, "-m", "adapters.simulators", "--clean", "--info", info_path],
+                            cwd=str(ROOT), stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while not os.path.exists(info_path):
+            if time.time() > deadline or sims.poll() is not None:
+                raise SystemExit("simulators did not start")
+            time.sleep(0.05)
+        info = orjson.loads(Path(info_path).read_bytes())
+        rows = []
+        for provider in ("twilio", "smsvendor", "webhook", "apns", "fcm", "smtp"):
+            for conc in (1, 50):
+                rows.append(("shipped", asyncio.run(measure(provider, info, args.calls, conc, f"s{conc}"))))
+        native_transport()
+        for provider in HTTP1:
+            for conc in (1, 50):
+                rows.append(("httpx native", asyncio.run(measure(provider, info, args.calls, conc, f"h{conc}"))))
+    finally:
+        sims.terminate()
+        sims.wait(10)
+    base = {(r["provider"], r["conc"]): r for t, r in rows if t == "httpx native"}
+    print("| adapter | transport | concurrency | calls/s | client CPU µs/call | vs httpx native | results |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for t, r in rows:
+        b = base.get((r["provider"], r["conc"]))
+        ratio = f"{b['cpu_us'] / r['cpu_us']:.1f}x less CPU" if b and t == "shipped" else ""
+        transport = ("aiohttp" if r["provider"] in HTTP1 else "httpx h2" if r["provider"] in ("apns", "fcm")
+                     else "aiosmtplib") if t == "shipped" else "httpx (httpcore)"
+        print(f"| {r['provider']} | {transport} | {r['conc']} | {r['calls_s']:,.0f} | {r['cpu_us']:,.0f} | {ratio} | "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(r['results'].items()))} |")
+
+
+if __name__ == "__main__":
+    main()
