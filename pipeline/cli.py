@@ -2,7 +2,8 @@
 
     notify run [--workers N]     embedded server (unless REDIS_URL) + worker(s)
     notify worker [--role R]     one worker against REDIS_URL / the running embedded server
-    notify send ...              one event from flags or --json
+    notify send ... [--wait]     one event from flags or --json (checked as the API checks it)
+    notify user set ID ...       a user's phone, e-mail, zone, quiet hours, devices
     notify outcomes tail         print the outcome stream
     notify dlq ls                list dead letters
     notify records show BIZ_KEY  the records of a business key
@@ -216,8 +217,20 @@ def cmd_demo(args) -> int:
 
 
 def cmd_send(args) -> int:
+    """One event, checked as the API checks it (unknown category, template or channel,
+    missing fields: a one-line error and exit 2); with ``--wait`` the final state of
+    each of its notifications is printed when it is known."""
+    from pipeline.rules.validate import InvalidEvent, check_params, parse_event
+    from pipeline.templates import Renderer
+
     if args.json:
-        event = json.loads(Path(args.json[1:]).read_text() if args.json.startswith("@") else args.json)
+        try:
+            event = json.loads(Path(args.json[1:]).read_text() if args.json.startswith("@") else args.json)
+        except (OSError, ValueError) as exc:
+            raise CLIError(f"--json is not a JSON event: {exc}") from None
+        if not isinstance(event, dict):
+            raise CLIError("--json must be a JSON object")
+        event.setdefault("biz_key", f"cli:{time.time_ns()}")
     else:
         if not (args.category and args.template and args.to):
             raise CLIError("send needs --json, or --category, --template and --to")
@@ -233,8 +246,82 @@ def cmd_send(args) -> int:
         if args.locale:
             event["locale"] = args.locale
     event.setdefault("accepted_at", time.time())
-    asyncio.run(_send_events(broker_url(), [event]))
-    print(json.dumps({"accepted": event["biz_key"]}))
+    settings = _settings()
+    try:
+        renderer = Renderer.from_settings(settings)
+        check_params(parse_event(json.dumps(event).encode(), settings, renderer), renderer)
+    except InvalidEvent as exc:
+        raise CLIError(f"invalid event: {exc.reason}: {exc}") from None
+    asyncio.run(_send_events(broker_url(settings), [event]))
+    print(json.dumps({"accepted": event["biz_key"]}), flush=True)
+    if args.wait:
+        return _wait_final(settings, event["biz_key"], args.wait)
+    return 0
+
+
+#: states after which a notification's record does not move without a receipt
+_SETTLED = ("DELIVERED", "UNDELIVERED", "FAILED", "FILTERED", "REVIEW", "SCHEDULED")
+
+
+def _wait_final(settings, biz_key: str, timeout: float) -> int:
+    """Print each record of ``biz_key`` once settled (ACCEPTED waits for its receipt
+    until ``timeout``): "u1 sms DELIVERED via twilio in 420 ms"."""
+    from pipeline.store import RecordStore
+
+    async def rows() -> list:
+        if not Path(settings.db_path).exists():
+            return []
+        store = RecordStore(settings.db_path)
+        await store.open()
+        try:
+            return (await store.find(biz_key=biz_key, limit=1000))[0]
+        finally:
+            await store.close()
+
+    deadline, got = time.time() + timeout, []
+    while time.time() < deadline:
+        got = asyncio.run(rows())
+        if got and all(r["status"] in _SETTLED for r in got):
+            break
+        time.sleep(0.3)
+    if not got:
+        raise CLIError(f"no record of {biz_key!r} within {timeout:g}s (is `notify run` running?)")
+    for r in sorted(got, key=lambda r: (r["user_id"], r["channel"])):
+        via = f" via {r['provider']}" if r.get("provider") else ""
+        why = f" ({r['reason']})" if r.get("reason") else ""
+        took = f" in {r['latency_ms']:.0f} ms" if r.get("latency_ms") is not None else ""
+        print(f"{r['user_id']} {r['channel']} {r['status']}{why}{via}{took}")
+    return 0 if all(r["status"] not in ("FAILED", "UNDELIVERED") for r in got) else 1
+
+
+def cmd_user(args) -> int:
+    """``notify user set ID --phone … --email … --tz … --quiet-hours … --device apns:TOKEN``:
+    a user's contact data and push devices, checked as the API checks them."""
+    import orjson
+
+    from pipeline.rules.validate import InvalidEvent, parse_device_update, parse_preferences
+
+    settings = _settings()
+    prefs = {"user_id": args.id, "version": int(time.time() * 1000)}
+    for field in ("phone", "email", "tz", "quiet_hours", "webhook_url"):
+        if getattr(args, field, None):
+            prefs[field] = getattr(args, field)
+    devices = []
+    for dev in args.device or []:
+        platform, _, token = dev.partition(":")
+        devices.append({"user_id": args.id, "platform": platform, "token": token, "op": "add", "at": time.time()})
+    try:
+        parse_preferences(prefs, settings)
+        for d in devices:
+            parse_device_update(d)
+    except InvalidEvent as exc:
+        raise CLIError(f"invalid user data: {exc.reason}: {exc}") from None
+    url = broker_url(settings)
+    asyncio.run(_send_raw(url, "notify.preferences", [(args.id.encode(), orjson.dumps(prefs))]))
+    if devices:
+        asyncio.run(_send_raw(url, "notify.devices", [(args.id.encode(), orjson.dumps(d)) for d in devices]))
+    print(json.dumps({"user": args.id, "preferences": sorted(k for k in prefs if k not in ("user_id", "version")),
+                      "devices": len(devices)}))
     return 0
 
 
@@ -489,7 +576,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--channel", action="append")
     s.add_argument("--locale")
     s.add_argument("--biz-key", dest="biz_key")
+    s.add_argument("--wait", type=float, nargs="?", const=30.0, default=None, metavar="SECONDS",
+                   help="print each notification's final state (default: wait up to 30 s)")
     s.set_defaults(fn=cmd_send)
+    u = sub.add_parser("user", help="a user's contact data and devices: user set ID --phone … --device apns:TOKEN")
+    u.add_argument("action", choices=["set"])
+    u.add_argument("id")
+    u.add_argument("--phone")
+    u.add_argument("--email")
+    u.add_argument("--tz", help="IANA time zone, e.g. Europe/Paris")
+    u.add_argument("--quiet-hours", dest="quiet_hours", help="HH:MM-HH:MM in the user's zone")
+    u.add_argument("--webhook-url", dest="webhook_url")
+    u.add_argument("--device", action="append", help="platform:token (apns or fcm; repeatable)")
+    u.set_defaults(fn=cmd_user)
     o = sub.add_parser("outcomes", help="the outcome stream")
     o.add_argument("action", choices=["tail"])
     o.add_argument("-f", "--follow", action="store_true")

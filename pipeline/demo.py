@@ -22,7 +22,8 @@ from pipeline.topics import event_key, event_topic
 
 __all__ = ["run_demo"]
 
-TERMINAL = ("FILTERED", "ACCEPTED", "DELIVERED", "UNDELIVERED", "FAILED", "REVIEW", "SCHEDULED")
+TERMINAL = ("FILTERED", "ACCEPTED", "DELIVERED", "UNDELIVERED", "FAILED", "REVIEW")
+DEFERRED = ("SCHEDULED",)  # quiet hours or send_at: due later, reported apart
 
 
 def _users(n: int, rng: random.Random) -> tuple[list[dict], list[dict]]:
@@ -49,7 +50,7 @@ def _users(n: int, rng: random.Random) -> tuple[list[dict], list[dict]]:
     return prefs, devices
 
 
-def _events(n: int, users: int, rng: random.Random) -> list[dict]:
+def _events(n: int, users: int, rng: random.Random, run_id: str) -> list[dict]:
     out = []
     for i in range(n):
         r = rng.random()
@@ -66,46 +67,72 @@ def _events(n: int, users: int, rng: random.Random) -> list[dict]:
         else:
             ev = {"category": "security", "template": "security_alert", "recipients": to[:1],
                   "channels": ["push", "email", "inbox"], "params": {"event": "New sign-in", "action_url": "https://sec"}}
-        ev["biz_key"] = f"demo:{int(time.time())}:{i}"
+        ev["biz_key"] = f"demo:{run_id}:{i}"
         ev["accepted_at"] = time.time()
         out.append(ev)
     return out
 
 
-def _counts(db: Path) -> tuple[int, int]:
+def _counts(db: Path, prefix: str) -> tuple[int, int, int]:
+    """(records, terminal, deferred) of this run (business keys ``prefix``…)."""
     if not db.exists():
-        return 0, 0
+        return 0, 0, 0
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
-        total, done = con.execute(
-            f"SELECT count(*), sum(status IN ({','.join('?' * len(TERMINAL))})) FROM notify_record", TERMINAL
+        total, done, deferred = con.execute(
+            f"SELECT count(*), sum(status IN ({','.join('?' * len(TERMINAL))})), "
+            f"sum(status IN ({','.join('?' * len(DEFERRED))})) FROM notify_record WHERE biz_key >= ? AND biz_key < ?",
+            (*TERMINAL, *DEFERRED, prefix, prefix + "\uffff"),
         ).fetchone()
-        return total or 0, done or 0
+        return total or 0, done or 0, deferred or 0
     except sqlite3.OperationalError:
-        return 0, 0
+        return 0, 0, 0
     finally:
         con.close()
 
 
-def _summary(db: Path) -> str:
+def _summary(db: Path, prefix: str) -> str:
+    """This run's records by state and reason, and per priority the latency from
+    acceptance to the first terminal state (ACCEPTED or DELIVERED)."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    mine = "biz_key >= ? AND biz_key < ?"
+    rng = (prefix, prefix + "\uffff")
     lines = [f"{'state':12} {'reason':26} {'count':>8}"]
     for state, reason, n in con.execute(
-        "SELECT status, coalesce(reason, ''), count(*) FROM notify_record GROUP BY 1, 2 ORDER BY 3 DESC"
+        f"SELECT status, coalesce(reason, ''), count(*) FROM notify_record WHERE {mine} GROUP BY 1, 2 ORDER BY 3 DESC",
+        rng,
     ):
-        lines.append(f"{state:12} {reason:26} {n:>8}")
+        note = "   (deferred: due later, not terminal)" if state in DEFERRED else ""
+        lines.append(f"{state:12} {reason:26} {n:>8}{note}")
     lines.append("")
-    lines.append(f"{'priority':10} {'n':>7} {'p50 ms':>9} {'p99 ms':>9}")
+    lines.append(f"{'priority':10} {'n':>7} {'p50 ms':>9} {'p99 ms':>9}   acceptance → ACCEPTED/DELIVERED")
     for prio in ("high", "normal", "low"):
         lat = sorted(r[0] for r in con.execute(
-            "SELECT latency_ms FROM notify_record WHERE priority = ? AND status IN ('ACCEPTED','DELIVERED') "
-            "AND latency_ms IS NOT NULL", (prio,)))
+            f"SELECT latency_ms FROM notify_record WHERE {mine} AND priority = ? "
+            "AND status IN ('ACCEPTED','DELIVERED') AND latency_ms IS NOT NULL", (*rng, prio)))
         if lat:
             p50 = lat[len(lat) // 2]
             p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
             lines.append(f"{prio:10} {len(lat):>7} {p50:>9.1f} {p99:>9.1f}")
     con.close()
     return "\n".join(lines)
+
+
+def _wait_ready(url: str, timeout: float = 60.0) -> None:
+    """Until both consumer groups of the default layout hold their slots (workers up)."""
+    import redis
+
+    from pipeline.transport.keys import Keys
+
+    keys, r = Keys(), redis.Redis.from_url(url.split("?")[0])
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            if all(r.exists(keys.lease(g, 0)) for g in ("notify", "notify-priority")):
+                return
+            time.sleep(0.2)
+    finally:
+        r.close()
 
 
 def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
@@ -133,10 +160,13 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
                     raise CLIError("notify run did not start") from None
                 time.sleep(0.1)
             url = flag.read_text().strip()
+            _wait_ready(url)
         prefs, devices = _users(users, rng)
         asyncio.run(_send_raw(url, "notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]))
         asyncio.run(_send_raw(url, "notify.devices", [(d["user_id"].encode(), orjson.dumps(d)) for d in devices]))
-        evs = _events(events, users, rng)
+        run_id = f"{int(time.time() * 1000):x}"
+        prefix = f"demo:{run_id}:"
+        evs = _events(events, users, rng, run_id)
         t0 = time.time()
         by_topic: dict[str, list] = {}
         for e in evs:  # where the API writes them: OTPs and security alerts on notify.events.high
@@ -146,21 +176,22 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
             asyncio.run(_send_raw(url, topic, items))
         db = Path(settings.db_path)
         tty = sys.stdout.isatty()
-        last, still = (-1, -1), 0
+        last, still = (-1, -1, -1), 0
         # until every record is terminal, or nothing moved for 30 s (retries back off)
-        while still < 60 and not (last[0] and last[0] == last[1] and still >= 4):
-            total, done = _counts(db)
+        while still < 60 and not (last[0] and last[0] == last[1] + last[2] and still >= 4):
+            total, done, deferred = _counts(db, prefix)
             bar = "#" * int(30 * done / max(total, 1))
+            line = f"{done}/{total} records terminal, {deferred} deferred, {time.time() - t0:5.1f}s"
             if tty:
-                print(f"\r[{bar:30}] {done}/{total} records terminal, {time.time() - t0:5.1f}s", end="", flush=True)
-            elif (total, done) != last and int(time.time() - t0) % 10 == 0:  # a line every ~10 s, not every 0.5
-                print(f"{done}/{total} records terminal, {time.time() - t0:5.1f}s", flush=True)
-            still = still + 1 if (total, done) == last and total else 0
-            last = (total, done)
+                print(f"\r[{bar:30}] {line}", end="", flush=True)
+            elif (total, done, deferred) != last and int(time.time() - t0) % 10 == 0:  # a line every ~10 s
+                print(line, flush=True)
+            still = still + 1 if (total, done, deferred) == last and total else 0
+            last = (total, done, deferred)
             time.sleep(0.5)
         if tty:
             print()
-        print(_summary(db))
+        print(_summary(db, prefix))
         return 0
     finally:
         if run is not None and run.poll() is None:

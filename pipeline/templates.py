@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import orjson
-from jinja2 import FileSystemLoader, StrictUndefined, Template
+from jinja2 import FileSystemLoader, StrictUndefined, Template, meta
 from jinja2.exceptions import SecurityError, TemplateNotFound, TemplateSyntaxError, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -194,6 +194,29 @@ class Renderer:
             chain += [norm, norm.split("-", 1)[0]]
         chain += [self.default_locale, self.default_locale.split("-", 1)[0]]
         return list(dict.fromkeys(chain))
+
+    def missing_variables(
+        self, code: str, version: int, channel: str, locale: str | None, params: Mapping[str, Any] | None
+    ) -> tuple[str, list[str]] | None:
+        """``(template name, variables it uses that params lack)`` when rendering
+        ``channel``'s template with ``params`` fails on an undefined variable, else
+        None (renders, or fails for another reason, or has no such template). The
+        list names every variable the template refers to and params lack, not only
+        the first the renderer tripped on."""
+        found = self.resolve(code, version, channel, locale) if channel in CHANNEL_PARTS else None
+        if found is None:
+            return None
+        try:
+            self.render(code, version, channel, locale, params)
+            return None
+        except TemplateError as exc:
+            if not exc.reason.startswith("undefined_variable"):
+                return None
+        name = found[1]
+        source = self._plain.loader.get_source(self._plain, name)[0]
+        used = meta.find_undeclared_variables(self._plain.parse(source))
+        have = {k for k in (params or {}) if isinstance(k, str)}
+        return name, sorted(used - have - set(self._plain.globals))
 
     # ------------------------------------------------------------------ render
 

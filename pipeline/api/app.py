@@ -62,7 +62,7 @@ from pipeline import ids
 from pipeline import topics as T
 from pipeline.models import DeviceUpdate, Event
 from pipeline.rules.states import RANK
-from pipeline.rules.validate import MAX_ID, TOKEN_RE, InvalidEvent, parse_event, parse_preferences
+from pipeline.rules.validate import MAX_ID, TOKEN_RE, InvalidEvent, check_params, parse_event, parse_preferences
 from pipeline.store import RecordStore
 from pipeline.transport.client import connect, parse_url
 from pipeline.transport.keys import Keys
@@ -160,6 +160,10 @@ def fingerprint(event: Event) -> str:
     d = event.asdict()
     d.pop("accepted_at", None)
     return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+#: statuses of refused events other than 400
+_STATUS = {"oversized": 413, "missing_params": 422}
 
 
 class _TrackingGuard:
@@ -346,6 +350,11 @@ class Api:
     # -- events -------------------------------------------------------------
 
     def _parse_event(self, raw: bytes) -> Event:
+        ev = self._parse_event_fields(raw)
+        check_params(ev, self.renderer)  # missing_params: 422, the variables named
+        return ev
+
+    def _parse_event_fields(self, raw: bytes) -> Event:
         try:
             return parse_event(raw, self.settings, self.renderer)
         except InvalidEvent as exc:
@@ -379,14 +388,13 @@ class Api:
                     events.append(self._parse_event(orjson.dumps(item)))
                 except InvalidEvent as exc:
                     field = f"[{i}]" + (f".{exc.field}" if exc.field else "")
-                    status = 413 if exc.reason == "oversized" else 400
+                    status = _STATUS.get(exc.reason, 400)
                     raise api_error(status, exc.reason, str(exc), field=field, index=i) from None
         else:
             try:
                 events = [self._parse_event(raw)]
             except InvalidEvent as exc:
-                status = 413 if exc.reason == "oversized" else 400
-                raise api_error(status, exc.reason, str(exc), field=exc.field) from None
+                raise api_error(_STATUS.get(exc.reason, 400), exc.reason, str(exc), field=exc.field) from None
         principal = request.get(PRINCIPAL)
         results = await self._accept(events, principal.producer if principal else "")
         if not batch:

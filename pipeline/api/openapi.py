@@ -273,6 +273,8 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                         **_AUTH_ERRORS,
                         "409": _json({"type": "object"}, "biz_key taken by different content, or in flight"),
                         "413": _err("body, event (max_event_bytes) or batch too large"),
+                        "422": _err("missing_params: a template of the event's channels needs variables its params "
+                                    "lack (error.message names them, with the template, channel and locale)"),
                         "503": _err("broker unavailable"),
                     },
                 }

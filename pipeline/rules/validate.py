@@ -10,7 +10,9 @@ they become trimmed strings, deduplicated in order.
 Reasons: bad_json, not_an_object, missing_field, wrong_type, bad_value, oversized,
 unknown_version, unknown_category, unknown_template, unknown_channel, bad_priority,
 no_recipients, too_many_recipients, params_too_deep, params_too_large; for
-preferences also bad_timezone and bad_quiet_hours.
+preferences also bad_timezone and bad_quiet_hours. At the door (the API and
+``notify send``), :func:`check_params` also renders the event's templates:
+``missing_params`` names the variables a template needs that the params lack.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pipeline.models import SCHEMA_VERSION, DeviceUpdate, Event, Preferences, Re
 
 from .quiet_hours import load_zone, parse_quiet_hours
 
-__all__ = ["InvalidEvent", "MAX_BIZ_KEY", "MAX_ID", "MAX_PROVIDER_MSG_ID", "TOKEN_RE", "parse_event",
+__all__ = ["InvalidEvent", "check_params", "MAX_BIZ_KEY", "MAX_ID", "MAX_PROVIDER_MSG_ID", "TOKEN_RE", "parse_event",
            "parse_preferences", "parse_device_update", "parse_receipt", "params_depth", "address_ok"]
 
 #: seed 000: ``biz_key VARCHAR(64)``
@@ -243,6 +245,23 @@ def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, render
 
 
 # --------------------------------------------------------------------------- preferences
+
+
+def check_params(ev: Event, renderer: Any) -> None:
+    """Raise ``missing_params`` when a template of the event's channels (all of its
+    template's channels when it names none) cannot render with its params in its
+    locale: every variable missing, and the template, channel and locale, named.
+    (A template changed after acceptance still fails later, as ``template_error``
+    with the variable in the record's reason.)"""
+    channels = ev.channels or renderer.channels_for(ev.template, ev.template_version)
+    problems = []
+    for channel in channels:
+        missing = renderer.missing_variables(ev.template, ev.template_version, channel, ev.locale, ev.params)
+        if missing:
+            name, names = missing
+            problems.append(f"{name} ({channel}, {ev.locale or 'default locale'}) needs {', '.join(names)}")
+    if problems:
+        raise InvalidEvent("missing_params", "params", "; ".join(problems))
 
 
 def parse_preferences(raw: Mapping[str, Any], settings: Any = None) -> Preferences:

@@ -200,3 +200,21 @@ async def test_failed_write_releases_the_claim(api, monkeypatch):
     status, resp = await api.call("POST", "/v1/events", "events", json=event("retry:1"))
     assert status == 202, resp
     assert len(stream_entries(api.redis_url, "notify.events")) == 1
+
+
+async def test_params_a_template_needs_are_checked_at_the_door(api):
+    """An event whose params lack a variable its template uses: 422 naming every missing
+    variable, the template, channel and locale; nothing is written (issue 24, item 4)."""
+    ev = {"biz_key": "tpl:1", "category": "transaction", "template": "order_shipped", "recipients": ["u1"],
+          "channels": ["sms"], "params": {"order_no": "A1"}}
+    status, body = await api.call("POST", "/v1/events", "events", json=ev)
+    assert status == 422, body
+    err = body["error"]
+    assert err["code"] == "missing_params" and err["field"] == "params"
+    assert "order_shipped/v1/sms.en.j2" in err["message"] and "(sms, default locale)" in err["message"]
+    for name in ("carrier", "tracking_no"):
+        assert name in err["message"]
+    assert stream_entries(api.redis_url, "notify.events") == []
+    ok = {**ev, "params": {"order_no": "A1", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t"}}
+    status, body = await api.call("POST", "/v1/events", "events", json=ok)
+    assert status == 202, body

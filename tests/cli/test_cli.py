@@ -43,7 +43,23 @@ def test_commands_against_the_embedded_server(running):
                  "--param", "order_no=1", "--param", "carrier=UPS", "--param", "tracking_no=T",
                  "--param", "tracking_url=https://t", "--biz-key", "cli:1")
     assert json.loads(out.stdout) == {"accepted": "cli:1"}
-    notify(env, "send", "--json", '{"biz_key": "bad", "category": "nope", "template": "otp", "recipients": ["c1"]}')
+    # refused at the door as the API refuses it: one line, exit 2, nothing written
+    bad = notify(env, "send", "--json", '{"biz_key": "bad", "category": "nope", "template": "otp", "recipients": ["c1"]}',
+                 check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "notify: invalid event: unknown_category: unknown_category: category (nope)"]
+    missing = notify(env, "send", "--category", "transaction", "--template", "order_shipped", "--to", "c1",
+                     "--param", "order_no=1", check=False)
+    assert missing.returncode == 2 and "missing_params" in missing.stderr and "carrier" in missing.stderr
+    # a producer writing to the stream directly is checked by expand: dead-lettered
+    import asyncio as _asyncio
+
+    from tests.transport.helpers import produce_async as _produce
+
+    _broker = (Path(env["NOTIFY_DATA_DIR"]) / "broker.url").read_text().strip()
+    _asyncio.run(_produce(_broker, "notify.events", [(b"bad", b'{"biz_key": "bad", "category": "nope", '
+                                                              b'"template": "otp", "recipients": ["c1"]}')],
+                          partitions=8))
     deadline = time.time() + 60
     while True:
         p = notify(env, "records", "show", "cli:1", check=False)
@@ -87,3 +103,19 @@ def test_errors_are_one_clear_line_and_non_zero(tmp_path):
     assert p.returncode == 2 and "send needs" in p.stderr
     p = notify(dict(env, REDIS_URL="redis://127.0.0.1:1/0"), "records", "show", "x", check=False)
     assert p.returncode != 0 and p.stderr.strip().count("\n") == 0
+
+
+def test_the_first_send_arrives_and_says_how(running):
+    """README's first commands: register a phone, send an OTP, see its final state
+    (issue 24, item 8); bad contact data is refused at the door."""
+    env = running
+    out = json.loads(notify(env, "user", "set", "first1", "--phone", "+15550001234", "--email", "f@example.com").stdout)
+    assert out == {"user": "first1", "preferences": ["email", "phone"], "devices": 0}
+    p = notify(env, "send", "--category", "otp", "--template", "otp", "--to", "first1", "--param", "code=123456",
+               "--wait", "5", timeout=60)
+    lines = p.stdout.strip().splitlines()
+    assert json.loads(lines[0])["accepted"].startswith("cli:")
+    assert len(lines) == 2 and lines[1].startswith("first1 sms ") and " ms" in lines[1], p.stdout
+    assert lines[1].split()[2] in ("ACCEPTED", "DELIVERED"), p.stdout
+    bad = notify(env, "user", "set", "first2", "--phone", "call me", check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("notify: invalid user data: bad_value")
