@@ -4,7 +4,7 @@
     notify worker [--role R]     one worker against REDIS_URL / the running embedded server
     notify send ... [--wait]     one event from flags or --json (checked as the API checks it)
     notify user set ID ...       a user's phone, e-mail, zone, quiet hours, devices
-    notify outcomes tail         print the outcome stream
+    notify outcomes tail         print the outcome stream (--from, --group: resumable)
     notify dlq ls                list dead letters
     notify records show BIZ_KEY  the records of a business key
     notify records replay        write the records again from the outcome stream
@@ -329,33 +329,45 @@ def cmd_user(args) -> int:
 
 
 def _read_topic(url: str, topic: str, partitions: int, follow: bool, limit: Optional[int]):
-    from pipeline.transport.keys import Keys, after_id
+    """The values of ``topic`` from its oldest kept entry (pipeline/reader.py)."""
+    from pipeline.reader import TopicReader
 
-    r = _redis(url)
-    keys = Keys()
-    pos = {keys.stream(topic, p).encode(): b"0-0" for p in range(partitions)}
-    shown = 0
-    while True:
-        resp = r.xread(pos, count=500, block=1000 if follow else None) or []
-        if not resp and not follow:
+    for shown, (_p, _off, value) in enumerate(TopicReader(_redis(url), topic, partitions).read(follow), 1):
+        yield value
+        if limit and shown >= limit:
             return
-        for key, entries in resp:
-            if not entries:
-                continue
-            pos[key] = entries[-1][0]
-            for _eid, fields in entries:
-                yield fields.get(b"v")
-                shown += 1
-                if limit and shown >= limit:
-                    return
 
 
 def cmd_outcomes(args) -> int:
+    """``notify outcomes tail [-f] [-n N] [--from start|end|TIME] [--group NAME [--member i/n]]``:
+    every state change as analysts read it, one JSON object a line; with ``--group`` the
+    reader resumes where the group stopped (committed every 500 lines and at the end:
+    a reader killed in between sees up to 500 lines again)."""
+    from pipeline.reader import TopicReader, parse_start
     from pipeline.topics import OUTCOMES
 
     settings = _settings()
-    for v in _read_topic(broker_url(settings), OUTCOMES, settings.partitions, args.follow, args.limit):
-        print(v.decode() if v else "null", flush=True)
+    try:
+        start = parse_start(args.start)
+        i, _, n = (args.member or "0/1").partition("/")
+        member = (int(i), int(n))
+        if not 0 <= member[0] < member[1]:
+            raise ValueError
+    except ValueError as exc:
+        raise CLIError(str(exc) if str(exc) else "--member must be i/n with 0 <= i < n") from None
+    reader = TopicReader(_redis(broker_url(settings)), OUTCOMES, settings.partitions, start=start, group=args.group,
+                         member=member)
+    shown = 0
+    try:
+        for _p, _off, v in reader.read(args.follow):
+            print(v.decode() if v else "null", flush=True)
+            shown += 1
+            if shown % 500 == 0:
+                reader.commit()
+            if args.limit and shown >= args.limit:
+                break
+    finally:
+        reader.commit()
     return 0
 
 
@@ -498,7 +510,22 @@ def cmd_status(args) -> int:
     if group.gen:
         print(format_group(group, now_ms=int(r.time()[0] * 1000)))
     print_processes(r.hgetall(keys.supervisor))
+    print_breakers(r.hgetall(keys.breakers))
     return 0
+
+
+def print_breakers(raw: dict) -> None:
+    """Every worker's circuit breakers (pipeline/breakers.py), one line each."""
+    from pipeline.breakers import read_breakers
+
+    boards = read_breakers(raw)
+    if not boards:
+        return
+    print(f"{'provider':12} {'worker':28} {'breaker':>10} {'since':>20}")
+    for provider, workers in sorted(boards.items()):
+        for worker, b in sorted(workers.items()):
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.get("since", 0)))
+            print(f"{provider:12} {worker:28} {b.get('state', '?'):>10} {since:>20}")
 
 
 def print_processes(raw: dict) -> None:
@@ -593,6 +620,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("action", choices=["tail"])
     o.add_argument("-f", "--follow", action="store_true")
     o.add_argument("-n", "--limit", type=int, default=None)
+    o.add_argument("--from", dest="start", default="start",
+                   help="start (default), end (only what comes next), Unix seconds or an ISO 8601 time")
+    o.add_argument("--group", help="a named reader: resume where it stopped (its position is kept in the broker)")
+    o.add_argument("--member", help="i/n: reader i of n sharing the group's partitions")
     o.set_defaults(fn=cmd_outcomes)
     d = sub.add_parser("dlq", help="dead letters")
     d.add_argument("action", choices=["ls", "replay"])

@@ -112,9 +112,25 @@ async def dispatcher() -> Dispatcher:
                 breaker = {"failure_threshold": b.failure_threshold, "reset_timeout": b.reset_timeout_s,
                            "half_open_max": b.half_open_max}
                 rates = {n: (p.rate, p.burst) for n, p in settings.providers.items() if n in providers}
-                _dispatcher = Dispatcher(providers, routes, rates=rates, breaker=breaker,
-                                         on_breaker_change=metrics.on_breaker_change)
+                board = _breaker_board()
+
+                def on_change(name: str, old: str, new: str) -> None:
+                    metrics.on_breaker_change(name, old, new)
+                    board.note(name, new)
+
+                _dispatcher = Dispatcher(providers, routes, rates=rates, breaker=breaker, on_breaker_change=on_change)
+                for name in providers:
+                    board.note(name, "closed")  # where every worker's breakers start
     return _dispatcher
+
+
+def _breaker_board():
+    """Where this worker's breaker states are published for the API (pipeline/breakers.py)."""
+    from .app import app
+    from .breakers import BreakerBoard
+    from .transport.keys import Keys
+
+    return BreakerBoard(app.transport.client, Keys().breakers)
 
 
 async def close() -> None:

@@ -20,27 +20,12 @@ import time
 from typing import Any, Optional
 
 import orjson
-from prometheus_client import REGISTRY
 
 from pipeline import topics as T
+from pipeline.breakers import read_breakers
 from pipeline.redact import redact
 
-__all__ = ["PAGE", "breaker_states", "latest_dead_letters", "status_document"]
-
-_BREAKER_NAMES = {0: "closed", 1: "half_open", 2: "open"}
-
-
-def breaker_states(registry: Any = REGISTRY) -> dict[str, str]:
-    """``{provider: closed|half_open|open}`` from ``notify_breaker_state`` (empty if
-    this process runs no dispatcher)."""
-    out: dict[str, str] = {}
-    for metric in registry.collect():
-        if metric.name != "notify_breaker_state":
-            continue
-        for s in metric.samples:
-            if s.name == "notify_breaker_state" and "provider" in s.labels:
-                out[s.labels["provider"]] = _BREAKER_NAMES.get(int(s.value), "unknown")
-    return out
+__all__ = ["PAGE", "latest_dead_letters", "status_document"]
 
 
 def _s(v: Any) -> Optional[str]:
@@ -93,7 +78,11 @@ async def status_document(sampler: Any, store: Any, client: Any, keys: Any) -> d
     doc["dlq_depth"] = snap.dlq_depth if snap.ok else None
     published = snap.topics.get(T.OUTCOMES)
     doc["outcomes_published"] = sum(published.highwater) if snap.ok and published else None
-    doc["breakers"] = breaker_states()
+    try:  # every worker's breakers (pipeline/breakers.py), not this process's registry
+        doc["breakers"] = read_breakers(await client.hgetall(keys.breakers))
+    except Exception as exc:  # noqa: BLE001 - the page shows what it can
+        doc["breakers"] = {}
+        doc["broker"]["error"] = f"{type(exc).__name__}: {exc}"
     doc["processes"] = snap.processes
     try:
         doc["today"] = await store.counts_today()
@@ -166,7 +155,10 @@ async function refresh() {
     const head = ["topic", "agent", "lag", "oldest", "rate", "drain"];
     table("topics", head, lagRows(d.topics)); table("lanes", head, lagRows(d.lanes));
     const names = {closed: "ok", half_open: "warn", open: "bad"};
-    table("breakers", ["provider", "state"], Object.entries(d.breakers).map(([p, s]) => [p, [s, names[s] || ""]]));
+    const brows = [];
+    for (const [p, workers] of Object.entries(d.breakers)) for (const [w, b] of Object.entries(workers))
+      brows.push([p, w, [b.state, names[b.state] || ""], new Date(b.since * 1000).toLocaleTimeString()]);
+    table("breakers", ["provider", "worker", "state", "since"], brows);
     table("processes", ["process", "state", "restarts", "last exit"], Object.entries(d.processes || {}).map(([p, s]) =>
       [p, s.crash_loop ? ["crash looping", "bad"] : s.up ? ["up", "ok"] : ["restarting", "warn"], String(s.restarts),
        s.last_exit === null ? "—" : String(s.last_exit)]));

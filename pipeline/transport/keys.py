@@ -10,6 +10,7 @@ single hash slot and the same code runs on Redis Cluster.
     <ns>:topics               hash topic → partition count
     <ns>:readers:<topic>      sorted set group → last seen (ms): who holds the topic's entries
     <ns>:supervisor           hash "<host>/<process>" → JSON state (pipeline/supervise.py)
+    <ns>:breakers             hash "<host>/<worker>/<provider>" → JSON {state, since} (pipeline/breakers.py)
     <ns>:{g|<group>}:offsets  hash "<topic>|<p>" → committed offset (next to read)
     <ns>:{g|<group>}:lease:<slot>   owner token, expires (PX) unless renewed
     <ns>:{g|<group>}:fence    hash slot → token of the slot's current owner
@@ -66,6 +67,10 @@ class Keys:
     @property
     def topics(self) -> str:
         return f"{self.ns}:topics"
+
+    @property
+    def breakers(self) -> str:
+        return f"{self.ns}:breakers"
 
     @property
     def supervisor(self) -> str:

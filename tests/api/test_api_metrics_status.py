@@ -11,7 +11,6 @@ import redis
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import metrics as pm
 from pipeline.models import DeadLetter, Outcome
 from pipeline import ids
 from pipeline.store import RecordStore
@@ -154,7 +153,22 @@ async def test_status_page_and_json(api):
                         detail=f"<b>{i}</b>", key=f"k{i}").dumps()
         produce(api.redis_url, "notify.dlq", i % PARTITIONS, [dl], now + i)
     produce(api.redis_url, "notify.send.push.low", 0, [b"x"] * 5, now - 10)
-    pm.breaker_state.labels("sms_a").set(2)
+    # a worker's breaker board (pipeline/breakers.py): what the status page shows of every worker
+    import redis.asyncio as aioredis
+
+    from pipeline.breakers import BreakerBoard
+    from pipeline.transport.keys import Keys
+
+    client = aioredis.Redis.from_url(api.redis_url)
+
+    async def get_client():
+        return client
+
+    board = BreakerBoard(get_client, Keys().breakers, worker="h1/main-0")
+    board.note("sms_a", "open", since=now)
+    board.note("twilio", "closed", since=now)
+    await board._task
+    await client.aclose()
 
     status, doc = await api.call("GET", "/v1/status.json", None)
     assert status == 200 and doc["broker"]["ok"] is True
@@ -167,7 +181,8 @@ async def test_status_page_and_json(api):
     assert isinstance(doc["outcomes_published"], int)
     assert doc["today"]["states"] == {"FILTERED": 2, "FAILED": 1, "DELIVERED": 1}
     assert doc["today"]["reasons"]["FILTERED"] == {"opted_out": 2}
-    assert doc["breakers"]["sms_a"] == "open"
+    assert doc["breakers"]["sms_a"] == {"h1/main-0": {"state": "open", "since": now}}
+    assert doc["breakers"]["twilio"]["h1/main-0"]["state"] == "closed"
     assert doc["dlq_depth"] == 12
     dead = doc["dead_letters"]
     assert [d["key"] for d in dead] == [f"k{i}" for i in range(11, 1, -1)]  # newest 10

@@ -119,6 +119,10 @@ def test_notify_run_restarts_a_killed_worker_and_keeps_the_api_and_broker(tmp_pa
                    for line in metrics.splitlines()), metrics[-2000:]
         status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{api_port}/v1/status.json", timeout=10).read())
         assert any(name.endswith("/main-0") and st["restarts"] == 1 for name, st in status["processes"].items())
+        # every worker's breakers, not the API process's own (pipeline/breakers.py)
+        assert any(w.endswith("/main-0") and b["state"] == "closed"
+                   for workers in status["breakers"].values() for w, b in workers.items()), status["breakers"]
+        assert "breaker" in notify(env, "status").stdout
     finally:
         kids = _children(run.pid) if run.poll() is None else []
         run.terminate()
