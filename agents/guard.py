@@ -23,6 +23,7 @@ from pipeline.fair import turns_for
 from pipeline.app import app, dlq_topic, intents_topics, renderer, settings
 from pipeline.entries import contained
 from pipeline.models import Intent
+from pipeline.rules.attempts import DONE_STATES
 from pipeline.rules.guard import dedup_expired
 from pipeline.rules.plan import plan_intent
 from pipeline.transport import ProducerFenced
@@ -104,7 +105,6 @@ guards = {p: app.agent(topic, name=f"guard.{p}")(guard) for p, topic in intents_
 PURGE_EVERY_S = float(os.environ.get("NOTIFY_PURGE_EVERY_S", "60"))
 DAILY_KEEP_DAYS = 2
 INFLIGHT_KEEP_S = float(os.environ.get("NOTIFY_INFLIGHT_KEEP_S", "3600"))
-DONE_STATES = ("ACCEPTED", "DELIVERED", "FAILED", "REVIEW", "FILTERED")
 #: tombstones sent by the purge before it waits for them to be written
 PURGE_CHUNK = int(os.environ.get("NOTIFY_PURGE_CHUNK", "500"))
 

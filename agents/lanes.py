@@ -20,7 +20,7 @@ from typing import Optional
 from pipeline import clock, metrics, runtime
 from pipeline.app import app, devices_topic, lane_topics, settings
 from pipeline.models import Attempt, Delivery, DeviceUpdate, State, Timer
-from pipeline.rules.attempts import after_query, after_send
+from pipeline.rules.attempts import after_query, after_send, superseded
 from pipeline.rules.channels import is_unsubscribed
 from pipeline.rules.plan import outcome
 from pipeline.store import InboxItem
@@ -34,7 +34,6 @@ from . import emit
 
 log = logging.getLogger(__name__)
 
-DONE = {State.ACCEPTED, State.FAILED, State.REVIEW, State.FILTERED, State.DELIVERED}
 #: longest a delivery waits in its slot for a provider's rate (token bucket) or a
 #: breaker's next probe before it is scheduled on the timer topic instead
 IN_SLOT_WAIT_S = 2.0
@@ -198,7 +197,7 @@ async def finish(d: Delivery, s: Step, partition: int, inbox: InboxWriter) -> No
     # records (agents/sink.py): a crash in between leaves "calling", and the replay
     # reconciles and records instead of skipping
     remember(inflight, partition, d.delivery_id,
-             {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now()})
+             {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now(), "r": d.replay})
 
 
 def make_lane(channel: str, priority: str):
@@ -250,15 +249,16 @@ def make_lane(channel: str, priority: str):
                     await turn()
                     d: Delivery = ev.value
                     st = inflight.get(d.delivery_id)
-                    if (st and (st["a"] > d.attempt or (st["s"] in DONE and st["a"] >= d.attempt))) \
-                            or d.delivery_id in running:
+                    if superseded(st, d.attempt, d.replay) or d.delivery_id in running:
                         await stream.ack(ev)  # superseded, done, or in flight here: a replay or duplicate
                         continue
                     # a free slot, then this delivery starts at once: it never waits for
                     # the rest of its take to find slots (that is, for the slowest call)
                     await slots.acquire()
-                    fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt)
-                    mark = put(inflight, ev.message.partition, d.delivery_id, {"a": d.attempt, "s": "calling"})
+                    fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
+                                        and st.get("r", 0) == d.replay)
+                    mark = put(inflight, ev.message.partition, d.delivery_id,
+                               {"a": d.attempt, "s": "calling", "r": d.replay})
                     running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
         finally:
             for task in list(running.values()):

@@ -373,7 +373,10 @@ def cmd_outcomes(args) -> int:
 
 def cmd_dlq(args) -> int:
     """``ls`` prints dead letters; ``replay`` sends bad input (source expand) back to
-    notify.events and failed deliveries (source lane) back to their lane, afresh."""
+    notify.events and failed deliveries (source lane) back to their lane as the next
+    replay round of the same delivery (a new attempt, numbered after the calls already
+    made; the lane runs it once). What is not replayed is listed with why: a delivery
+    whose record has since moved on, or a letter of another kind."""
     import orjson
 
     from pipeline.topics import DLQ, EVENTS, lane
@@ -383,23 +386,68 @@ def cmd_dlq(args) -> int:
     letters = list(_read_topic(url, DLQ, settings.partitions, False, args.limit))
     if args.action == "ls":
         for v in letters:
-            print(v.decode() if v else "null")
+            print(v.decode("utf-8", "replace") if v else "null")
         return 0
-    by_topic: dict[str, list] = {}
+    wanted = []
     for v in letters:
-        dl = orjson.loads(v)
-        if args.source and dl["source"] != args.source:
+        try:
+            dl = orjson.loads(v)
+            if dl.get("source") == "lane":
+                wanted.append(orjson.loads(dl["payload"])["delivery_id"])
+        except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
             continue
-        if dl["source"] == "expand":
+    states = _record_states(settings, wanted)
+    by_topic: dict[str, list] = {}
+    refused: dict[str, int] = {}
+    for v in letters:
+        try:
+            dl = orjson.loads(v)
+            source = dl["source"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            refused["not a dead letter"] = refused.get("not a dead letter", 0) + 1
+            continue
+        if args.source and source != args.source:
+            continue
+        if source == "expand":
             by_topic.setdefault(EVENTS, []).append((b"replay", dl["payload"].encode()))
-        elif dl["source"] == "lane":
+        elif source == "lane":
             d = orjson.loads(dl["payload"])
-            d.update(attempt=0, unknown_provider=None, reconcile_round=0, due_at=None)
+            status, calls = states.get(d["delivery_id"], (None, None))
+            if status in ("ACCEPTED", "DELIVERED"):
+                why = f"{d['delivery_id']}: already {status}"
+                refused[why] = refused.get(why, 0) + 1
+                continue
+            d.update(attempt=max(int(d.get("attempt") or 0), calls or 0), replay=int(d.get("replay") or 0) + 1,
+                     unknown_provider=None, reconcile_round=0, due_at=None)
             by_topic.setdefault(lane(d["channel"], d["priority"]), []).append((d["user_id"].encode(), orjson.dumps(d)))
+        else:
+            why = f"source {source} ({dl.get('reason')}): not replayable"
+            refused[why] = refused.get(why, 0) + 1
     for topic, items in by_topic.items():
         asyncio.run(_send_raw(url, topic, items))
-    print(json.dumps({"replayed": {t: len(i) for t, i in by_topic.items()}}))
+    print(json.dumps({"replayed": {t: len(i) for t, i in by_topic.items()}, "not_replayed": refused}))
     return 0
+
+
+def _record_states(settings, delivery_ids: list) -> dict[str, tuple[str, int]]:
+    """delivery_id → (status, provider calls made) from the record store (empty without one)."""
+    import sqlite3
+
+    if not delivery_ids or not Path(settings.db_path).exists():
+        return {}
+    con = sqlite3.connect(f"file:{settings.db_path}?mode=ro", uri=True, timeout=5)
+    out = {}
+    try:
+        for i in range(0, len(delivery_ids), 500):
+            chunk = delivery_ids[i:i + 500]
+            out.update({r[0]: (r[1], int(r[2] or 0)) for r in con.execute(
+                f"SELECT delivery_id, status, retry_count FROM notify_record WHERE delivery_id IN "
+                f"({','.join('?' * len(chunk))})", chunk)})
+        return out
+    except sqlite3.OperationalError:
+        return out
+    finally:
+        con.close()
 
 
 def cmd_records(args) -> int:

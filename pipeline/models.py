@@ -135,6 +135,9 @@ class Delivery(_Record):
     provider_msg_id: Optional[str] = None
     due_at: Optional[float] = None
     accepted_at: float = 0.0
+    #: an operator's replay round (``notify dlq replay``): a replayed delivery is a new
+    #: round of the same delivery, which the lane's inflight table lets through once
+    replay: int = 0
     v: int = SCHEMA_VERSION
 
 

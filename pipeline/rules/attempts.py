@@ -26,7 +26,24 @@ from pipeline.models import AttemptResult, Delivery, State
 
 from .backoff import retry_at
 
-__all__ = ["Next", "after_send", "after_query", "MAX_ATTEMPTS", "RECONCILE_BUDGET"]
+__all__ = ["Next", "after_send", "after_query", "superseded", "DONE_STATES", "MAX_ATTEMPTS", "RECONCILE_BUDGET"]
+
+#: a delivery's inflight mark in one of these states: its attempt is finished
+DONE_STATES = frozenset({State.ACCEPTED, State.FAILED, State.REVIEW, State.FILTERED, State.DELIVERED})
+
+
+def superseded(mark: Optional[dict], attempt: int, replay: int = 0) -> bool:
+    """Whether a lane's inflight ``mark`` (``{"a": attempts, "s": state, "r": replay
+    round}``) says a delivery read with ``attempt`` in ``replay`` round was already
+    handled: a later attempt was made, or this one finished, in the same round. A
+    replay (``notify dlq replay``) is the next round and runs once; an older round
+    is always superseded."""
+    if not mark:
+        return False
+    round_ = mark.get("r", 0)
+    if round_ != replay:
+        return round_ > replay
+    return mark["a"] > attempt or (mark["s"] in DONE_STATES and mark["a"] >= attempt)
 
 MAX_ATTEMPTS = 5
 RECONCILE_BUDGET = 3

@@ -199,6 +199,7 @@ def parse_delivery(data: Any, prefix: str = "") -> Delivery:
             raise InvalidEvent("wrong_type", f"{prefix}content.{part}", "rendered text")
     _not_negative(d.attempt, prefix + "attempt")
     _not_negative(d.reconcile_round, prefix + "reconcile_round")
+    _not_negative(d.replay, prefix + "replay")
     return d
 
 

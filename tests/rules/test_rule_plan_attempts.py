@@ -113,3 +113,18 @@ def test_after_query():
     nxt = after_query(d, "ERROR", True, NOW)
     assert nxt.state == State.UNKNOWN and nxt.retry.reconcile_round == 1
     assert after_query(delivery(unknown_provider="sms_a", reconcile_round=2), "ERROR", True, NOW).state == State.REVIEW
+
+
+def test_superseded_by_attempt_state_and_replay_round():
+    from pipeline.rules.attempts import superseded
+
+    assert not superseded(None, 0)
+    assert not superseded({"a": 0, "s": "calling"}, 0)  # our own mark: its fate is reconciled, not skipped
+    assert superseded({"a": 2, "s": "PENDING"}, 1)  # a later attempt was made
+    assert superseded({"a": 1, "s": "FAILED"}, 1)  # this attempt finished
+    assert not superseded({"a": 1, "s": "PENDING"}, 1)  # a retry of this attempt
+    # a replay is the next round: runs once, then is done like any delivery
+    assert not superseded({"a": 1, "s": "FAILED"}, 1, replay=1)
+    assert not superseded({"a": 1, "s": "FAILED", "r": 0}, 1, replay=1)
+    assert superseded({"a": 2, "s": "ACCEPTED", "r": 1}, 1, replay=1)
+    assert superseded({"a": 2, "s": "ACCEPTED", "r": 1}, 0, replay=0)  # the old round, read again
