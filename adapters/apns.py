@@ -10,10 +10,30 @@ claims ``iss`` (team id) and ``iat``. Apple rejects tokens older than one hour
 and throttles refreshes more frequent than every 20 minutes, so the token is
 cached and renewed after ``token_ttl`` (50 min by default).
 
-Errors come back as ``{"reason": "..."}``: BadDeviceToken (400),
-DeviceTokenNotForTopic (400), Unregistered/ExpiredToken (410) mean the token
-is dead → PERMANENT_ERROR ``bad_token`` (remove the device).
-ExpiredProviderToken/InvalidProviderToken (403) renew our JWT and retry once.
+Errors come back as ``{"reason": "..."}`` (:func:`apns_outcome`):
+
+* BadDeviceToken (400), Unregistered / ExpiredToken (410): the token is dead →
+  PERMANENT_ERROR ``bad_token``. A 410 carries Apple's ``timestamp`` (ms), the
+  time APNs learnt the token was no longer valid: it is passed on as
+  ``SendResult.unregistered_at`` (seconds), and the device must be removed only
+  if it was not registered again after that time.
+* DeviceTokenNotForTopic, TopicDisallowed, BadTopic, MissingTopic: our topic
+  (bundle id) is wrong, not the device → TRANSIENT_ERROR ``config: …`` with
+  ``fault="config"``: the device is kept, the breaker counts it, the dispatcher
+  reports it.
+* 429 TooManyRequests: too many pushes to *this device token* → RATE_LIMITED
+  with ``fault="recipient"`` and ``retry_after`` (Retry-After, else
+  ``device_retry_after``): that delivery backs off; the breaker does not count
+  it, since the provider is healthy. 429 TooManyProviderTokenUpdates is ours
+  (``fault="config"``).
+* 403 ExpiredProviderToken / InvalidProviderToken / MissingProviderToken: our
+  JWT. The adapter renews it and retries once; concurrent requests refused with
+  the same token share one renewal (single flight: the first to see the refusal
+  mints, the others take its token), and no token is minted sooner than
+  ``token_min_renewal`` (20 min) after the last, as Apple allows; a refusal
+  inside that window is TRANSIENT_ERROR ``auth: …`` with ``retry_after`` set to
+  when a renewal is allowed.
+* 5xx → TRANSIENT_ERROR; any other 4xx → PERMANENT_ERROR ``invalid_request``.
 
 Idempotency: APNs has no idempotency key or status query. We send
 ``apns-id = uuid5(delivery_id)`` and ``apns-collapse-id = delivery_id`` (a
@@ -29,6 +49,7 @@ reached over cleartext HTTP/2 with prior knowledge (``http://127.0.0.1:port``).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,15 +62,20 @@ import orjson
 from pipeline.models import AttemptResult, Delivery, Priority
 
 from ._http import exception_result, make_client, response_json
-from .base import PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
 
-__all__ = ["ApnsConfig", "ApnsProvider", "apns_id_for", "collapse_id_for", "split_push_address"]
+__all__ = ["ApnsConfig", "ApnsProvider", "apns_id_for", "apns_outcome", "collapse_id_for", "split_push_address", "unregistered_at"]
 
 #: namespace for apns-id = uuid5(NS, delivery_id)
 APNS_ID_NAMESPACE = uuid.UUID("6f1c2b1e-3c1a-5d7e-9a43-2f5b8e0c4d11")
 
-BAD_TOKEN_REASONS = frozenset({"BadDeviceToken", "Unregistered", "DeviceTokenNotForTopic", "ExpiredToken"})
+BAD_TOKEN_REASONS = frozenset({"BadDeviceToken", "Unregistered", "ExpiredToken"})
+#: our topic (bundle id) does not fit the token or the key: configuration, never the device
+CONFIG_REASONS = frozenset({"DeviceTokenNotForTopic", "TopicDisallowed", "BadTopic", "MissingTopic"})
 PROVIDER_TOKEN_REASONS = frozenset({"ExpiredProviderToken", "InvalidProviderToken", "MissingProviderToken"})
+#: Apple refuses provider tokens renewed more often than every 20 minutes
+#: (429 TooManyProviderTokenUpdates) and tokens older than 60 minutes
+MIN_TOKEN_RENEWAL_S = 20 * 60.0
 
 
 @dataclass
@@ -62,6 +88,11 @@ class ApnsConfig:
     timeout: float = 10.0
     connect_timeout: float = 5.0
     token_ttl: float = 50 * 60.0  #: renew our JWT after this many seconds (< 3600)
+    #: never mint a JWT sooner than this after the last one (Apple: 20 min)
+    token_min_renewal: float = MIN_TOKEN_RENEWAL_S
+    #: back-off of a delivery whose device is throttled (429 TooManyRequests
+    #: without Retry-After; Apple publishes no figure)
+    device_retry_after: float = 30.0
     expiration_s: int = 24 * 3600  #: apns-expiration = now + this (0: deliver now or never)
     push_type: str = "alert"
     verify: Any = True  #: TLS verification (bool, CA bundle path or SSLContext)
@@ -80,6 +111,38 @@ def collapse_id_for(delivery_id: str) -> str:
     if len(delivery_id.encode()) <= 64:
         return delivery_id
     return hashlib.sha256(delivery_id.encode()).hexdigest()[:64]
+
+
+def apns_outcome(status: int, reason: Optional[str]) -> tuple[str, Optional[str], Optional[str], str]:
+    """What an APNs answer means: ``(result, permanent_kind, fault, error prefix)``."""
+    if status == 200:
+        return AttemptResult.ACCEPTED, None, None, ""
+    if reason in BAD_TOKEN_REASONS or status == 410:
+        return AttemptResult.PERMANENT_ERROR, PermanentKind.BAD_TOKEN, None, ""
+    if reason in CONFIG_REASONS:
+        return AttemptResult.TRANSIENT_ERROR, None, Fault.CONFIG, "config: "
+    if status == 429:
+        if reason == "TooManyProviderTokenUpdates":
+            return AttemptResult.RATE_LIMITED, None, Fault.CONFIG, "auth: "
+        return AttemptResult.RATE_LIMITED, None, Fault.RECIPIENT, ""
+    if status == 403:
+        return AttemptResult.TRANSIENT_ERROR, None, Fault.CONFIG, "auth: "
+    if status >= 500:
+        return AttemptResult.TRANSIENT_ERROR, None, None, ""
+    return AttemptResult.PERMANENT_ERROR, PermanentKind.INVALID_REQUEST, None, ""
+
+
+def unregistered_at(body: dict[str, Any]) -> Optional[float]:
+    """Apple's 410 ``timestamp`` (milliseconds since the epoch) in seconds, or None."""
+    ts = body.get("timestamp")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        try:
+            ts = float(str(ts)) if ts is not None else None
+        except ValueError:
+            ts = None
+    if ts is None or not math.isfinite(ts) or ts <= 0:
+        return None
+    return ts / 1000.0
 
 
 def split_push_address(address: str) -> tuple[Optional[str], str]:
@@ -129,6 +192,23 @@ class ApnsProvider(Provider):
             )
             self._token_iat = float(iat)
         return self._token
+
+    def renew_token(self, refused: str) -> Optional[str]:
+        """The token to retry with after Apple refused ``refused``, or None when
+        none may be minted yet (``token_min_renewal`` since the last).
+
+        Single flight: minting is synchronous, so of the requests refused with
+        the same token the first renews and the others find a token other than
+        the one refused and take it, without an await in between."""
+        if self._token is not None and self._token != refused:
+            return self._token
+        if self._token is not None and self._clock() - self._token_iat < self.config.token_min_renewal:
+            return None
+        return self.bearer_token(force=True)
+
+    def renewal_in(self) -> float:
+        """Seconds until a new token may be minted."""
+        return max(0.0, self._token_iat + self.config.token_min_renewal - self._clock())
 
     # ------------------------------------------------------------ send
 
@@ -188,53 +268,40 @@ class ApnsProvider(Provider):
         path, headers, body = self.build_request(delivery)
         renewed = False
         while True:
-            headers["authorization"] = f"bearer {self.bearer_token(force=False)}"
+            token = self.bearer_token()
+            headers["authorization"] = f"bearer {token}"
             try:
                 resp = await self._client.post(path, content=body, headers=headers)
             except Exception as exc:  # noqa: BLE001 - mapped, never raised
                 return exception_result(self.name, exc, sw.ms)
-            reason = response_json(resp).get("reason") if resp.status_code != 200 else None
+            answer = response_json(resp) if resp.status_code != 200 else {}
+            reason = answer.get("reason") if isinstance(answer.get("reason"), str) else None
             if resp.status_code == 403 and reason in PROVIDER_TOKEN_REASONS and not renewed:
-                self.bearer_token(force=True)
-                renewed = True
-                continue
-            return self._map(resp, reason, headers["apns-id"], sw.ms)
+                if self.renew_token(token) is not None:
+                    renewed = True
+                    continue
+            return self._map(resp, answer, headers["apns-id"], sw.ms)
 
-    def _map(self, resp: httpx.Response, reason: Optional[str], apns_id: str, latency_ms: float) -> SendResult:
+    def _map(self, resp: httpx.Response, answer: dict[str, Any], apns_id: str, latency_ms: float) -> SendResult:
         status = resp.status_code
-        if status == 200:
-            return SendResult(
-                AttemptResult.ACCEPTED,
-                self.name,
-                provider_msg_id=resp.headers.get("apns-id", apns_id),
-                latency_ms=latency_ms,
-            )
-        err = f"{status} {reason or resp.reason_phrase}"
-        if reason in BAD_TOKEN_REASONS or status == 410:
-            return SendResult(
-                AttemptResult.PERMANENT_ERROR, self.name, error=err, permanent_kind=PermanentKind.BAD_TOKEN, latency_ms=latency_ms
-            )
-        if status == 429:
-            return SendResult(
-                AttemptResult.RATE_LIMITED,
-                self.name,
-                error=err,
-                retry_after=parse_retry_after(resp.headers.get("retry-after")),
-                latency_ms=latency_ms,
-            )
-        if status >= 500 or status == 403:
-            return SendResult(
-                AttemptResult.TRANSIENT_ERROR,
-                self.name,
-                error=("auth: " + err) if status == 403 else err,
-                retry_after=parse_retry_after(resp.headers.get("retry-after")),
-                latency_ms=latency_ms,
-            )
+        reason = answer.get("reason") if isinstance(answer.get("reason"), str) else None
+        result, kind, fault, prefix = apns_outcome(status, reason)
+        if result == AttemptResult.ACCEPTED:
+            return SendResult(result, self.name, provider_msg_id=resp.headers.get("apns-id", apns_id), latency_ms=latency_ms)
+        err = f"{prefix}{status} {reason or resp.reason_phrase}"
+        retry_after = parse_retry_after(resp.headers.get("retry-after"))
+        if fault == Fault.RECIPIENT and retry_after is None:
+            retry_after = self.config.device_retry_after
+        if status == 403 and reason in PROVIDER_TOKEN_REASONS and retry_after is None:
+            retry_after = self.renewal_in() or None
         return SendResult(
-            AttemptResult.PERMANENT_ERROR,
+            result,
             self.name,
             error=err,
-            permanent_kind=PermanentKind.INVALID_REQUEST,
+            retry_after=retry_after if result != AttemptResult.PERMANENT_ERROR else None,
+            permanent_kind=kind,
+            fault=fault,
+            unregistered_at=unregistered_at(answer) if status == 410 else None,
             latency_ms=latency_ms,
         )
 

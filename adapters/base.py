@@ -20,6 +20,12 @@ out or the connection dropped                         (reconcile before resendin
 other 4xx                                             ``PERMANENT_ERROR`` + ``permanent_kind``
 ====================================================  =====================
 
+Where the status alone would blame the wrong party, ``SendResult.fault`` says
+whose fault it was (:class:`Fault`): one device's (APNs 429 TooManyRequests),
+one route's (Twilio 21408) or our configuration's (APNs DeviceTokenNotForTopic,
+FCM THIRD_PARTY_AUTH_ERROR). The breaker counts only the provider's and our
+configuration's faults; failover skips a recipient's.
+
 The idempotency key sent to providers is always ``delivery.delivery_id``; the
 reconciliation query (:meth:`Provider.query`) looks a message up by that key
 (or by ``provider_msg_id`` when we have it).
@@ -41,6 +47,7 @@ __all__ = [
     "QueryResult",
     "QueryStatus",
     "PermanentKind",
+    "Fault",
     "Provider",
     "parse_retry_after",
     "classify_http_status",
@@ -75,6 +82,30 @@ class PermanentKind:
     REJECTED = "rejected"  #: any other permanent refusal
 
 
+class Fault:
+    """Values of ``SendResult.fault``: whose fault a failed call was, when the
+    status alone does not say. The breaker and failover read it
+    (:func:`adapters.resilience.breaker.counts_as_success`,
+    :func:`adapters.resilience.failover.may_failover`); ``None`` means "as the
+    result says" (a 5xx or a timeout is the provider's)."""
+
+    #: this one recipient or device (APNs 429 TooManyRequests: too many pushes to
+    #: one device token): that delivery backs off; the provider is healthy, the
+    #: breaker does not count it and no other provider is tried
+    RECIPIENT = "recipient"
+    #: this destination cannot go through this provider (Twilio 21408: the
+    #: number's region is not enabled on the account): the provider is healthy,
+    #: another provider may take it
+    ROUTE = "route"
+    #: our configuration of this provider is wrong (APNs DeviceTokenNotForTopic or
+    #: a topic refused, FCM THIRD_PARTY_AUTH_ERROR): not the recipient's fault, so
+    #: no device is removed; it counts against the provider's breaker and is
+    #: reported (``Dispatcher(on_fault=...)``) for someone to fix
+    CONFIG = "config"
+
+    ALL = (RECIPIENT, ROUTE, CONFIG)
+
+
 @dataclass
 class SendResult:
     """Outcome of one provider call (becomes one ``Attempt`` record)."""
@@ -86,6 +117,11 @@ class SendResult:
     error: Optional[str] = None
     latency_ms: float = 0.0
     permanent_kind: Optional[str] = None  #: e.g. "bad_token", "invalid_number"
+    fault: Optional[str] = None  #: one of :class:`Fault` (None: as ``result`` says)
+    #: with ``bad_token``: when the provider learnt the token was no longer valid
+    #: (APNs 410 ``timestamp``, unix seconds). The device may be removed only if it
+    #: was not registered again after this time; None: the provider did not say
+    unregistered_at: Optional[float] = None
 
     @property
     def ok(self) -> bool:

@@ -6,18 +6,38 @@ result is decided by :mod:`pipeline.rules.attempts`.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pipeline.models import Delivery
 
-from .base import Provider, QueryResult, QueryStatus, SendResult
+from .base import Fault, Provider, QueryResult, QueryStatus, SendResult
 from .resilience.breaker import CircuitBreaker, counts_as_success
 from .resilience.failover import choose_provider, may_failover
 from .resilience.token_bucket import TokenBucket
 
 __all__ = ["Dispatcher", "SendRound"]
+
+log = logging.getLogger("notify.adapters")
+
+
+class _LogFaults:
+    """A configuration fault logged at ERROR, once per ``every`` seconds per
+    provider and error (a lane would repeat it on every call)."""
+
+    def __init__(self, now: Callable[[], float], every: float = 60.0) -> None:
+        self._now = now
+        self.every = every
+        self._last: dict[tuple[str, str], float] = {}
+
+    def __call__(self, provider: str, result: SendResult) -> None:
+        key = (provider, (result.error or "")[:80])
+        t = self._now()
+        if t - self._last.get(key, float("-inf")) >= self.every:
+            self._last[key] = t
+            log.error("provider %s: configuration fault, no retry will fix it: %s", provider, result.error)
 
 
 @dataclass
@@ -39,8 +59,16 @@ class Dispatcher:
         breaker: Optional[Mapping[str, Any]] = None,
         now: Callable[[], float] = time.monotonic,
         on_breaker_change: Optional[Callable[[str, str, str], None]] = None,
+        on_fault: Optional[Callable[[str, SendResult], None]] = None,
     ) -> None:
+        """``on_fault(provider, result)`` is called for every result that is a
+        fault of our configuration (``result.fault == Fault.CONFIG``: a wrong
+        APNs topic, FCM's third-party credentials): an alert (a metric), since
+        no retry fixes it. Such faults are also logged at ERROR, once a minute
+        per provider and error."""
         self.providers = dict(providers)
+        self.on_fault = on_fault
+        self._log_fault = _LogFaults(now)
         self.routes = {c: list(names) for c, names in routes.items()}
         self.breakers = {
             n: CircuitBreaker(name=n, now=now, on_change=on_breaker_change, **(breaker or {})) for n in self.providers
@@ -71,7 +99,11 @@ class Dispatcher:
                         rnd.wait_s = wait
                     return rnd
             result = await self.providers[name].send(delivery)
-            self.breakers[name].record(counts_as_success(result.result))
+            self.breakers[name].record(counts_as_success(result))
+            if result.fault == Fault.CONFIG:
+                self._log_fault(name, result)
+                if self.on_fault is not None:
+                    self.on_fault(name, result)
             rnd.results.append(result)
             tried.append(name)
             if not may_failover(result) or delivery.unknown_provider:

@@ -19,6 +19,13 @@ too, so a resend after TIMEOUT_UNKNOWN carries the same Message-ID (mail
 stores and many MTAs drop duplicates by it) and bounces (DSNs quote it) can be
 matched back to the delivery.
 
+The client greets with ``EHLO <local_hostname>``, by default the Message-ID
+domain (never the machine's ``localhost``, which receiving MTAs may refuse as
+a non-FQDN HELO). Mail of every category but the bulk ones
+(``bulk_categories``: marketing) is transactional and carries
+``Auto-Submitted: auto-generated`` (RFC 3834), so auto-responders (vacation
+replies, out-of-office) do not answer it.
+
 Reconciliation: SMTP has no status query. :meth:`SmtpProvider.query` answers
 ``found=False, status=NOT_FOUND, supported=False`` meaning "truly unknown":
 the caller resends under the same Message-ID or sends the delivery to REVIEW.
@@ -57,8 +64,15 @@ class SmtpConfig:
     tls_context: Optional[ssl.SSLContext] = None
     timeout: float = 30.0
     msgid_domain: str = "notify.invalid"
+    #: the EHLO name; None: ``msgid_domain``
     local_hostname: Optional[str] = None
+    #: categories sent without ``Auto-Submitted: auto-generated`` (bulk, not transactional)
+    bulk_categories: tuple[str, ...] = ("marketing",)
     name: str = "smtp"
+
+    @property
+    def ehlo_name(self) -> str:
+        return self.local_hostname or self.msgid_domain
 
 
 def message_id_for(delivery_id: str, domain: str) -> str:
@@ -85,6 +99,8 @@ class SmtpProvider(Provider):
         msg["X-Notify-Id"] = delivery.delivery_id
         if delivery.category:
             msg["X-Notify-Category"] = delivery.category
+        if delivery.category not in cfg.bulk_categories:
+            msg["Auto-Submitted"] = "auto-generated"
         text = c.get("text")
         html = c.get("html")
         if text is None and html is None:
@@ -105,7 +121,7 @@ class SmtpProvider(Provider):
             validate_certs=cfg.validate_certs,
             cert_bundle=cfg.cert_bundle,
             tls_context=cfg.tls_context,
-            local_hostname=cfg.local_hostname,
+            local_hostname=cfg.ehlo_name,
         )
 
     async def send(self, delivery: Delivery) -> SendResult:

@@ -9,7 +9,16 @@ with the service account's private key (header ``kid`` = private_key_id;
 claims ``iss`` = client_email, ``scope`` = firebase.messaging, ``aud`` =
 token_uri, ``iat``, ``exp`` ≤ iat + 3600) POSTed form-encoded to ``token_uri``
 as ``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer&assertion=<jwt>``.
-The token is cached until shortly before ``expires_in``; a 401 renews it once.
+The token is cached until shortly before ``expires_in``; a 401 renews it once,
+unless its error is THIRD_PARTY_AUTH_ERROR (or the older APNS_AUTH_ERROR):
+that is the Firebase project's APNs / web-push credential, not our token, so
+there is no renewal and no resend: TRANSIENT_ERROR ``config: …`` with
+``fault="config"`` (the breaker counts it, the dispatcher reports it, the
+device is kept).
+
+``data`` values must be strings (firebase-admin refuses anything else): a
+string is sent as it is, anything else as its JSON text (``True`` → ``"true"``,
+``{"a": 1}`` → ``'{"a":1}'``, ``None`` → ``"null"``), see :func:`data_value`.
 
 Errors are ``{"error": {"code", "message", "status", "details": [{"@type":
 "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": ...}]}}``:
@@ -32,18 +41,40 @@ from typing import Any, Callable, Mapping, Optional
 
 import httpx
 import jwt
+import orjson
 
 from pipeline.models import AttemptResult, Delivery, Priority
 
 from ._http import exception_result, make_client, response_json
 from .apns import split_push_address
-from .base import PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
 
-__all__ = ["FcmConfig", "FcmProvider", "FCM_SCOPE", "JWT_BEARER_GRANT"]
+__all__ = ["FcmConfig", "FcmProvider", "FCM_SCOPE", "JWT_BEARER_GRANT", "data_value", "fcm_error"]
 
 FCM_SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
 JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 BAD_TOKEN_CODES = frozenset({"UNREGISTERED", "SENDER_ID_MISMATCH"})
+#: 401s about the Firebase project's third-party credentials (APNs key or
+#: certificate, web push): a configuration fault, our OAuth token is fine
+THIRD_PARTY_AUTH_CODES = frozenset({"THIRD_PARTY_AUTH_ERROR", "APNS_AUTH_ERROR"})
+
+
+def data_value(value: Any) -> str:
+    """An FCM ``data`` value: strings as they are, anything else as JSON text."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+
+
+def fcm_error(body: Mapping[str, Any]) -> tuple[str, str]:
+    """``(code, message)`` of a Google API error body: the FcmError
+    ``errorCode`` when there is one, else the canonical ``status``."""
+    err = body.get("error") if isinstance(body.get("error"), dict) else {}
+    code = str(err.get("status") or "")
+    for d in err.get("details") or ():
+        if isinstance(d, dict) and d.get("errorCode"):
+            code = str(d["errorCode"])
+    return code, str(err.get("message") or "")
 
 
 @dataclass
@@ -155,8 +186,8 @@ class FcmProvider(Provider):
         data = {"notify_id": delivery.delivery_id}
         extra = content.get("data")
         if isinstance(extra, dict):
-            # FCM data values must be strings
-            data.update({str(k): v if isinstance(v, str) else str(v) for k, v in extra.items()})
+            # FCM data values must be strings: non-strings go as their JSON text
+            data.update({str(k): data_value(v) for k, v in extra.items()})
         message: dict[str, Any] = {
             "token": token,
             "data": data,
@@ -192,7 +223,7 @@ class FcmProvider(Provider):
                 resp = await self._client.post(path, json=body, headers={"authorization": f"Bearer {bearer}"})
             except Exception as exc:  # noqa: BLE001
                 return exception_result(self.name, exc, sw.ms)
-            if resp.status_code == 401 and not renewed:
+            if resp.status_code == 401 and not renewed and fcm_error(response_json(resp))[0] not in THIRD_PARTY_AUTH_CODES:
                 renewed = True
                 self.invalidate_token(bearer)
                 continue
@@ -203,15 +234,13 @@ class FcmProvider(Provider):
         body = response_json(resp)
         if status == 200:
             return SendResult(AttemptResult.ACCEPTED, self.name, provider_msg_id=body.get("name"), latency_ms=latency_ms)
-        err = body.get("error") if isinstance(body.get("error"), dict) else {}
-        gstatus = err.get("status") or ""
-        code = gstatus
-        for d in err.get("details") or ():
-            if isinstance(d, dict) and d.get("errorCode"):
-                code = d["errorCode"]
-        message = str(err.get("message") or resp.reason_phrase)
+        code, message = fcm_error(body)
+        message = message or resp.reason_phrase
         error = f"{status} {code}: {message}"[:300]
         retry_after = parse_retry_after(resp.headers.get("retry-after"))
+        if code in THIRD_PARTY_AUTH_CODES:
+            return SendResult(AttemptResult.TRANSIENT_ERROR, self.name, error=f"config: {error}"[:300],
+                              fault=Fault.CONFIG, retry_after=retry_after, latency_ms=latency_ms)
         if code in BAD_TOKEN_CODES or (code == "INVALID_ARGUMENT" and "token" in message.lower()):
             return SendResult(
                 AttemptResult.PERMANENT_ERROR, self.name, error=error, permanent_kind=PermanentKind.BAD_TOKEN, latency_ms=latency_ms

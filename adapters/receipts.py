@@ -5,8 +5,7 @@ in this package) hands the raw request to :class:`ReceiptVerifier`, which
 
 1. checks the signature (forged → :class:`ReceiptRejected` ``bad_signature``),
 2. checks the timestamp, where the scheme has one (``stale``),
-3. asks the replay guard whether this exact signed callback was seen before
-   (``replay``),
+3. asks the replay guard whether this exact signed callback was seen before,
 4. parses the body into :class:`pipeline.models.Receipt` records (intermediate
    statuses such as ``queued``/``sent`` yield nothing: only DELIVERED and
    UNDELIVERED are receipts).
@@ -14,15 +13,23 @@ in this package) hands the raw request to :class:`ReceiptVerifier`, which
 Schemes:
 
 * **Twilio** ``X-Twilio-Signature``: base64(HMAC-SHA1(auth_token, URL +
-  concatenation of the POST parameters sorted by name, each as name+value)).
-  The URL is the exact one Twilio called (scheme, host, port, path, query);
-  we also try it with and without the default port, as Twilio's own
-  validator does. There is no timestamp, so replays are caught by the guard
-  alone, remembering signatures for ``twilio_replay_ttl`` (24 h).
+  concatenation of the POST parameters sorted by name, each as name+value)),
+  accepted as twilio's own ``RequestValidator`` accepts it (the test suite
+  uses it as the judge): the URL is the full one Twilio called, query string
+  included, tried as called, without its port (Twilio signs some callbacks
+  without a non-default port) and with the default port; a callback signed
+  with a SharedKey names it in ``X-Twilio-Webhooks-Signature-Settings:
+  key=<id>,algorithm=HMAC_SHA256`` (the secret: ``twilio_shared_keys[id]``,
+  else the Auth Token); a JSON callback carries ``bodySHA256=<hex SHA-256 of
+  the body>`` in its URL and the signature covers the URL alone
+  (:meth:`ReceiptVerifier.twilio_request` picks the variant). There is no
+  timestamp: Twilio retries a callback whose answer it did not get, identical,
+  so an identical callback seen again within ``twilio_replay_ttl`` (24 h) is
+  acknowledged (``None``: answer 200) and not written again.
 * **Vendor** (provider B): ``X-Vendor-Timestamp: <unix s>`` and
   ``X-Vendor-Signature: sha256=<hex HMAC-SHA256(secret, "<ts>.<body>")>``;
   timestamps further than ``tolerance`` (300 s) from now are rejected, and
-  signatures are remembered for twice the tolerance.
+  signatures are remembered for twice the tolerance (a repeat is ``replay``).
 
 The replay guard is an interface (:class:`ReplayGuard`): :class:`MemoryReplayGuard`
 is an in-process LRU; :class:`RedisReplayGuard` shares it across workers with
@@ -38,14 +45,20 @@ import math
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, Union
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlsplit, urlunsplit
 
 import orjson
 
 from pipeline.models import Receipt
 from pipeline.rules.validate import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
 
-from .webhook import sign as _hmac_sha256_hex
+from .base import header as _header
+
+
+def _hmac_sha256_hex(secret: str | bytes, timestamp: int | str, body: bytes) -> str:
+    """Hex HMAC-SHA256 over ``b"<timestamp>." + body`` (the vendor's scheme)."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return hmac.new(key, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
 
 __all__ = [
     "ReceiptRejected",
@@ -59,6 +72,10 @@ __all__ = [
     "verify_vendor_signature",
     "parse_twilio_callback",
     "parse_vendor_callback",
+    "parse_form",
+    "signature_settings",
+    "body_sha256",
+    "SIGNATURE_SETTINGS_HEADER",
 ]
 
 Params = Union[Mapping[str, Any], Sequence[tuple[str, str]]]
@@ -154,36 +171,104 @@ def _pairs(params: Params) -> list[tuple[str, str]]:
     return [(str(k), str(v)) for k, v in params]
 
 
-def twilio_signature(auth_token: str, url: str, params: Params) -> str:
-    """Twilio's X-Twilio-Signature for a form POST to ``url``."""
+#: Twilio names the signing secret and algorithm of SharedKey-signed webhooks here
+SIGNATURE_SETTINGS_HEADER = "X-Twilio-Webhooks-Signature-Settings"
+_TWILIO_HASHES = {"HMAC_SHA1": hashlib.sha1, "HMAC_SHA256": hashlib.sha256}
+
+
+def twilio_signature(auth_token: str, url: str, params: Params, algorithm: Optional[str] = None) -> str:
+    """Twilio's X-Twilio-Signature for a POST to ``url``: base64(HMAC(secret,
+    URL + each parameter's name and value, sorted)), HMAC-SHA1 unless
+    ``algorithm`` is ``"HMAC_SHA256"`` (SharedKey signing)."""
+    hash_fn = _TWILIO_HASHES.get((algorithm or "HMAC_SHA1").upper())
+    if hash_fn is None:
+        raise ValueError(f"unsupported Twilio signature algorithm {algorithm!r}")
     pairs = _pairs(params)
     s = url + "".join(k + v for k, v in sorted(set(pairs)))
-    mac = hmac.new(auth_token.encode(), s.encode("utf-8", "surrogatepass"), hashlib.sha1)
+    mac = hmac.new(auth_token.encode(), s.encode("utf-8", "surrogatepass"), hash_fn)
     return base64.b64encode(mac.digest()).decode()
 
 
+def signature_settings(header_value: Optional[str]) -> tuple[Optional[str], str]:
+    """``X-Twilio-Webhooks-Signature-Settings: key=<id>,algorithm=<alg>`` →
+    ``(key id or None, algorithm)``; no header (or no algorithm): the Auth
+    Token's HMAC_SHA1."""
+    key_id: Optional[str] = None
+    algorithm = "HMAC_SHA1"
+    for part in (header_value or "").split(","):
+        name, sep, value = part.partition("=")
+        if sep and name.strip() == "key" and value.strip():
+            key_id = value.strip()
+        elif sep and name.strip() == "algorithm" and value.strip():
+            algorithm = value.strip().upper()
+    return key_id, algorithm
+
+
 def _url_variants(url: str) -> list[str]:
+    """The URLs a Twilio signature may have been computed over, as twilio's own
+    ``RequestValidator`` tries them: the URL as called, without its port (any
+    port: Twilio signs some callbacks without a non-default one), and with the
+    scheme's default port when it has none."""
     parts = urlsplit(url)
     default = {"https": 443, "http": 80}.get(parts.scheme)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
+    userinfo = parts.netloc.rpartition("@")[0]
+    userinfo = userinfo + "@" if userinfo else ""
     variants = [url]
-    if default is not None:
-        if parts.port is None:
-            variants.append(urlunsplit(parts._replace(netloc=f"{host}:{default}")))
-        elif parts.port == default:
-            variants.append(urlunsplit(parts._replace(netloc=host)))
+    try:
+        port = parts.port
+    except ValueError:
+        return variants
+    if port is not None:
+        variants.append(urlunsplit(parts._replace(netloc=userinfo + host)))
+    elif default is not None:
+        variants.append(urlunsplit(parts._replace(netloc=f"{userinfo}{host}:{default}")))
     return variants
 
 
-def verify_twilio_signature(auth_token: str, url: str, params: Params, signature: Optional[str]) -> bool:
-    if not signature:
+def verify_twilio_signature(
+    auth_token: str, url: str, params: Params, signature: Optional[str], algorithm: Optional[str] = None
+) -> bool:
+    if not signature or (algorithm or "HMAC_SHA1").upper() not in _TWILIO_HASHES:
         return False
     for u in _url_variants(url):
-        if hmac.compare_digest(twilio_signature(auth_token, u, params), signature.strip()):
+        if hmac.compare_digest(twilio_signature(auth_token, u, params, algorithm).encode(), signature.strip().encode()):
             return True
     return False
+
+
+def body_sha256(url: str) -> Optional[str]:
+    """The ``bodySHA256`` query parameter of a callback URL (JSON callbacks), or None."""
+    values = parse_qs(urlsplit(url).query, keep_blank_values=True).get("bodySHA256")
+    return values[0] if values else None
+
+
+def parse_form(body: bytes) -> list[tuple[str, str]]:
+    """An ``application/x-www-form-urlencoded`` body → its pairs, in order
+    (``malformed`` when it is not UTF-8)."""
+    try:
+        return parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=1000)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ReceiptRejected("malformed", f"not a form: {type(exc).__name__}") from None
+
+
+def _json_params(body: bytes) -> list[tuple[str, str]]:
+    """A JSON callback body (an object) → its scalar fields as strings."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ReceiptRejected("malformed", f"json: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ReceiptRejected("malformed", "not a JSON object")
+    out: list[tuple[str, str]] = []
+    for k, v in doc.items():
+        if isinstance(v, str):
+            out.append((k, v))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append((k, str(v)))
+    return out
 
 
 _TWILIO_FINAL = {"delivered": "DELIVERED", "read": "DELIVERED", "undelivered": "UNDELIVERED", "failed": "UNDELIVERED"}
@@ -308,8 +393,12 @@ class ReceiptVerifier:
         now: Callable[[], float] = time.time,
         twilio_provider: str = "twilio",
         vendor_provider: str = "smsvendor",
+        twilio_shared_keys: Optional[Mapping[str, str]] = None,
     ) -> None:
         self.twilio_auth_token = twilio_auth_token
+        #: SharedKey id → secret, for callbacks signed with a SharedKey
+        #: (``X-Twilio-Webhooks-Signature-Settings: key=<id>,…``)
+        self.twilio_shared_keys = dict(twilio_shared_keys or {})
         self.vendor_secret = vendor_secret
         self.guard: ReplayGuard = guard if guard is not None else MemoryReplayGuard()
         self.tolerance = tolerance
@@ -318,16 +407,75 @@ class ReceiptVerifier:
         self.twilio_provider = twilio_provider
         self.vendor_provider = vendor_provider
 
-    async def twilio(self, url: str, params: Params, signature: Optional[str]) -> Optional[Receipt]:
-        """``url``: the full URL Twilio POSTed to; ``params``: the form fields."""
-        if not self.twilio_auth_token:
+    def _twilio_secret(self, settings: Optional[str]) -> tuple[str, str]:
+        """The secret and algorithm a callback names (``X-Twilio-Webhooks-Signature-Settings``):
+        the SharedKey it names when we hold it, else the Auth Token."""
+        key_id, algorithm = signature_settings(settings)
+        secret = self.twilio_shared_keys.get(key_id) if key_id else None
+        secret = secret or self.twilio_auth_token
+        if not secret:
             raise ReceiptRejected("bad_signature", "no Twilio auth token configured")
-        if not verify_twilio_signature(self.twilio_auth_token, url, params, signature):
+        if algorithm not in _TWILIO_HASHES:
+            raise ReceiptRejected("bad_signature", f"unsupported signature algorithm {algorithm[:40]!r}")
+        return secret, algorithm
+
+    async def _first(self, signature: Optional[str]) -> bool:
+        """Is this signed callback new? An identical one again (Twilio retries a
+        callback whose answer it did not get) is acknowledged, not written again."""
+        key = "twilio:" + hashlib.sha256((signature or "").strip().encode()).hexdigest()
+        return await self.guard.first_seen(key, self.twilio_replay_ttl)
+
+    async def twilio(
+        self, url: str, params: Params, signature: Optional[str], *, settings: Optional[str] = None
+    ) -> Optional[Receipt]:
+        """A form-encoded status callback. ``url``: the full URL Twilio POSTed to
+        (query string included: the signature covers it); ``params``: the form
+        fields; ``settings``: the X-Twilio-Webhooks-Signature-Settings header.
+
+        Accepts what twilio's ``RequestValidator`` accepts (the URL with or
+        without its port, HMAC-SHA1 with the Auth Token or HMAC-SHA256 with a
+        SharedKey). Returns the receipt, or None for a non-final status and for
+        an identical callback seen before (already taken: answer 200)."""
+        secret, algorithm = self._twilio_secret(settings)
+        if not verify_twilio_signature(secret, url, params, signature, algorithm):
             raise ReceiptRejected("bad_signature", "X-Twilio-Signature mismatch")
-        key = "twilio:" + hashlib.sha256((signature or "").encode()).hexdigest()
-        if not await self.guard.first_seen(key, self.twilio_replay_ttl):
-            raise ReceiptRejected("replay", "signature seen before")
-        return parse_twilio_callback(params, self.twilio_provider, now=self._now())
+        receipt = parse_twilio_callback(params, self.twilio_provider, now=self._now())
+        if not await self._first(signature):
+            return None
+        return receipt
+
+    async def twilio_json(
+        self, url: str, body: bytes, signature: Optional[str], *, settings: Optional[str] = None
+    ) -> Optional[Receipt]:
+        """A JSON callback: the URL carries ``bodySHA256`` (hex SHA-256 of the
+        body), and the signature covers the URL alone, as twilio's
+        ``RequestValidator`` checks it."""
+        expected = body_sha256(url)
+        if expected is None:
+            raise ReceiptRejected("bad_signature", "a JSON callback without bodySHA256")
+        secret, algorithm = self._twilio_secret(settings)
+        if not verify_twilio_signature(secret, url, [], signature, algorithm):
+            raise ReceiptRejected("bad_signature", "X-Twilio-Signature mismatch")
+        if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(), expected.strip().lower().encode()):
+            raise ReceiptRejected("bad_signature", "bodySHA256 does not match the body")
+        receipt = parse_twilio_callback(_json_params(body), self.twilio_provider, now=self._now())
+        if not await self._first(signature):
+            return None
+        return receipt
+
+    async def twilio_request(
+        self, url: str, content_type: Optional[str], body: bytes, headers: Mapping[str, str]
+    ) -> Optional[Receipt]:
+        """A Twilio callback as an HTTP endpoint received it: the full URL
+        called, the Content-Type, the raw body and the headers. A form is
+        checked by :meth:`twilio`; anything else with ``bodySHA256`` in the URL
+        by :meth:`twilio_json`."""
+        signature = _header(headers, "X-Twilio-Signature")
+        settings = _header(headers, SIGNATURE_SETTINGS_HEADER)
+        ctype = (content_type or "").split(";", 1)[0].strip().lower()
+        if ctype != "application/x-www-form-urlencoded" and body_sha256(url) is not None:
+            return await self.twilio_json(url, body, signature, settings=settings)
+        return await self.twilio(url, parse_form(body), signature, settings=settings)
 
     async def vendor(self, body: bytes, timestamp: Optional[str], signature: Optional[str]) -> list[Receipt]:
         """``timestamp``/``signature``: the X-Vendor-Timestamp / X-Vendor-Signature headers."""

@@ -10,7 +10,10 @@ Message resource ``{"sid": "SM…", "status": "queued", …}``; errors answer
 Error codes: 21211 (invalid To), 21614 (not a mobile number), 21612 (cannot
 route) → PERMANENT_ERROR ``invalid_number``; 21610 (recipient replied STOP) →
 ``opted_out``; 20003 (authentication) → TRANSIENT_ERROR ``auth: …``; 429 /
-20429 → RATE_LIMITED with ``Retry-After``.
+20429 → RATE_LIMITED with ``Retry-After``; 21408 (permission to send to the
+number's region is not enabled on *our account*) → TRANSIENT_ERROR ``route: …``
+with ``fault="route"``: the number is fine and another SMS provider may take
+it (failover), and Twilio itself is healthy (the breaker does not count it).
 
 Idempotency: Twilio's Messages API takes no idempotency key, so a blind resend
 after a timeout can send twice. We send our key in the header named by
@@ -32,7 +35,7 @@ import httpx
 from pipeline.models import AttemptResult, Delivery
 
 from ._http import exception_result, make_client, query_error, response_json
-from .base import PermanentKind, Provider, QueryResult, QueryStatus, SendResult, Stopwatch, parse_retry_after
+from .base import Fault, PermanentKind, Provider, QueryResult, QueryStatus, SendResult, Stopwatch, parse_retry_after
 
 __all__ = ["TwilioConfig", "TwilioSmsProvider", "twilio_status_to_query"]
 
@@ -40,6 +43,8 @@ INVALID_NUMBER_CODES = frozenset({21211, 21614, 21612, 21217, 21401, 21407})
 OPTED_OUT_CODES = frozenset({21610})
 AUTH_CODES = frozenset({20003, 20005})
 RATE_CODES = frozenset({20429, 14107})
+#: the account may not send to this destination (geo permissions): another provider may
+ROUTE_CODES = frozenset({21408})
 
 
 @dataclass
@@ -122,6 +127,8 @@ class TwilioSmsProvider(Provider):
                 AttemptResult.TIMEOUT_UNKNOWN, self.name, error=f"{status} without a message sid", latency_ms=latency_ms
             )
         code = body.get("code")
+        if isinstance(code, bool) or not isinstance(code, (int, str)):
+            code = None  # Twilio's codes are numbers; anything else matches none (and is never looked up)
         error = f"{status} {code or ''} {body.get('message') or resp.reason_phrase}".strip()[:300]
         retry_after = parse_retry_after(resp.headers.get("retry-after"))
         if status == 429 or code in RATE_CODES:
@@ -130,6 +137,9 @@ class TwilioSmsProvider(Provider):
             return SendResult(
                 AttemptResult.PERMANENT_ERROR, self.name, error=error, permanent_kind=PermanentKind.INVALID_NUMBER, latency_ms=latency_ms
             )
+        if code in ROUTE_CODES:
+            return SendResult(AttemptResult.TRANSIENT_ERROR, self.name, error=f"route: {error}"[:300],
+                              fault=Fault.ROUTE, latency_ms=latency_ms)
         if code in OPTED_OUT_CODES:
             return SendResult(
                 AttemptResult.PERMANENT_ERROR, self.name, error=error, permanent_kind=PermanentKind.OPTED_OUT, latency_ms=latency_ms

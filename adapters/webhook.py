@@ -1,14 +1,28 @@
-"""Outgoing webhooks: signed JSON POSTs to a URL the customer registered.
+"""Outgoing webhooks: JSON POSTs to a URL the customer registered, signed the
+Standard Webhooks way (https://www.standardwebhooks.com), so a receiver
+verifies them with the ``standardwebhooks`` library of its language (the test
+suite uses the Python one as the judge).
 
-Request: ``POST <url>`` with the JSON body ``content["body"]`` (or the whole
-content when it has no ``body`` key) and headers
+Request: ``POST <url>`` with the JSON body and headers
 
-* ``X-Notify-Id``: the delivery id (receivers de-duplicate on it; a resend
+* ``webhook-id``: the delivery id (receivers de-duplicate on it; a resend
   after TIMEOUT_UNKNOWN carries the same id),
-* ``X-Notify-Timestamp``: unix seconds,
-* ``X-Notify-Signature: sha256=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>``;
-  receivers check it with :func:`verify_signature` (or its equivalent) and
-  reject timestamps older than 5 minutes (replays).
+* ``webhook-timestamp``: unix seconds,
+* ``webhook-signature: v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>``
+  (space-separated when several, e.g. during a secret rotation); the id is
+  signed, so a captured request replayed under another id does not verify.
+
+The secret is ``whsec_<base64 of the key>`` (:func:`new_secret`; raw ``bytes``
+are taken as the key itself). Receivers check the signature and refuse
+timestamps more than 5 minutes away (:func:`verify`).
+
+The body: a webhook template renders ``body`` as JSON *text*
+(:mod:`pipeline.templates`), which is sent as the JSON it is, never encoded a
+second time (a receiver gets ``{"type": …}``, not the string
+``"{\"type\": …}"``); a ``body`` that is already an object is encoded once;
+content without ``body`` is sent whole. A text that is not JSON is refused
+without a call: PERMANENT_ERROR ``invalid_request``, ``bad_webhook_json:
+template <code>: …`` (:func:`payload`).
 
 Answers: 2xx → ACCEPTED; 410 → PERMANENT_ERROR ``gone`` (the receiver
 unsubscribed); 429 → RATE_LIMITED (Retry-After); 408/425/5xx →
@@ -22,7 +36,9 @@ disguise of one), unless the host name or a CIDR containing the address is in
 ``allow``. Otherwise → PERMANENT_ERROR ``target_refused``. The connection is
 then pinned to the checked address (``Host`` header and TLS SNI keep the
 name), so a DNS answer that changes between check and connect (DNS
-rebinding) cannot redirect the request.
+rebinding) cannot redirect the request. A developer testing a receiver on
+this machine allows it explicitly: ``WebhookConfig(allow=("127.0.0.1", "::1"))``
+(``allow = "127.0.0.1,::1"`` in a provider's plain config).
 
 Webhooks have no status query: :meth:`query` answers ``supported=False``.
 """
@@ -30,13 +46,16 @@ Webhooks have no status query: :meth:`query` answers ``supported=False``.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import hmac
 import ipaddress
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -45,59 +64,120 @@ import orjson
 from pipeline.models import AttemptResult, Delivery
 
 from ._http import exception_result, make_client
-from .base import PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from .base import PermanentKind, Provider, SendResult, Stopwatch, header, parse_retry_after
 
 __all__ = [
     "WebhookConfig",
     "WebhookProvider",
     "TargetGuard",
     "TargetRefused",
+    "BadPayload",
+    "new_secret",
+    "signing_key",
     "sign",
-    "signature_header",
-    "verify_signature",
+    "signed_headers",
+    "verify",
+    "payload",
 ]
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 _SHARED = ipaddress.ip_network("100.64.0.0/10")  # CGNAT (RFC 6598)
+SECRET_PREFIX = "whsec_"
+#: receivers refuse timestamps further than this from their clock (Standard Webhooks: 5 min)
+TOLERANCE_S = 300
 
 
-def sign(secret: str | bytes, timestamp: int | str, body: bytes) -> str:
-    """Hex HMAC-SHA256 over ``b"<timestamp>." + body``."""
-    key = secret.encode() if isinstance(secret, str) else secret
-    return hmac.new(key, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+# ---------------------------------------------------------------- Standard Webhooks
 
 
-def signature_header(secret: str | bytes, timestamp: int | str, body: bytes) -> str:
-    return "sha256=" + sign(secret, timestamp, body)
+def new_secret(nbytes: int = 32) -> str:
+    """A fresh secret in the Standard Webhooks format, ``whsec_<base64>``."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(nbytes)).decode()
 
 
-def verify_signature(
-    secret: str | bytes,
-    timestamp: str | int | None,
+def signing_key(secret: str | bytes) -> bytes:
+    """The HMAC key of a secret: ``whsec_<base64>`` (the prefix is optional, as
+    the libraries take it) decoded; ``bytes`` are the key. Raises ``ValueError``
+    for a string that is not base64 or an empty key."""
+    if isinstance(secret, (bytes, bytearray)):
+        key = bytes(secret)
+    else:
+        text = secret[len(SECRET_PREFIX):] if secret.startswith(SECRET_PREFIX) else secret
+        try:
+            key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("a webhook secret is whsec_<base64> (or the key as bytes)") from None
+    if not key:
+        raise ValueError("a webhook secret may not be empty")
+    return key
+
+
+def sign(secret: str | bytes, msg_id: str, timestamp: int | str, body: bytes) -> str:
+    """``v1,<base64 HMAC-SHA256(key, "<msg_id>.<timestamp>.<body>")>``."""
+    mac = hmac.new(signing_key(secret), f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return "v1," + base64.b64encode(mac.digest()).decode()
+
+
+def signed_headers(secret: str | bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three Standard Webhooks headers for ``body``."""
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(timestamp)),
+        "webhook-signature": sign(secret, msg_id, int(timestamp), body),
+    }
+
+
+def verify(
+    secret: str | bytes | Sequence[str | bytes],
     body: bytes,
-    header: Optional[str],
+    headers: Mapping[str, str],
     now: Optional[float] = None,
-    tolerance: float = 300,
+    tolerance: float = TOLERANCE_S,
 ) -> bool:
-    """Check ``X-Notify-Signature`` (``sha256=<hex>``, several comma-separated
-    values allowed during secret rotation) and that ``timestamp`` is within
-    ``tolerance`` seconds of ``now``. Constant-time comparison."""
-    if not header or timestamp is None:
+    """What a Standard Webhooks receiver checks: the three headers are there,
+    the timestamp is within ``tolerance`` seconds of ``now``, and one of the
+    space-separated ``v1,`` signatures is the HMAC of ``id.timestamp.body``
+    under one of the secrets. Constant-time comparison."""
+    msg_id, ts, sigs = (header(headers, n) for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
+    if not (msg_id and ts and sigs):
         return False
     try:
-        ts = int(str(timestamp).strip())
+        t = int(ts.strip())
     except ValueError:
         return False
     now = time.time() if now is None else now
-    if abs(now - ts) > tolerance:
+    if abs(now - t) > tolerance:
         return False
-    expected = sign(secret, ts, body)
+    keys = [secret] if isinstance(secret, (str, bytes, bytearray)) else list(secret)
     ok = False
-    for part in header.split(","):
-        scheme, _, value = part.strip().partition("=")
-        if scheme == "sha256" and hmac.compare_digest(value.strip().lower(), expected):
-            ok = True
+    for key in keys:
+        try:
+            expected = sign(key, msg_id, t, body).encode()
+        except ValueError:
+            continue
+        for given in sigs.split(" "):
+            if given and hmac.compare_digest(given.encode(), expected):
+                ok = True
     return ok
+
+
+class BadPayload(ValueError):
+    """The delivery's webhook body is not JSON."""
+
+
+def payload(delivery: Delivery) -> bytes:
+    """The JSON body of a webhook delivery: the rendered JSON text of
+    ``content["body"]`` as the JSON it is (parsed once, to check it), an object
+    encoded once, or the whole content when it has no ``body``. Raises
+    :class:`BadPayload` (naming the template) when the text is not JSON."""
+    content = delivery.content or {}
+    body = content["body"] if "body" in content else content
+    if isinstance(body, (str, bytes)):
+        try:
+            return orjson.dumps(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
+            raise BadPayload(f"bad_webhook_json: template {delivery.template}: {exc}") from None
+    return orjson.dumps(body)
 
 
 # ---------------------------------------------------------------- target guard
@@ -205,7 +285,7 @@ class TargetGuard:
 
 @dataclass
 class WebhookConfig:
-    secret: str | bytes
+    secret: str | bytes  #: ``whsec_<base64>`` (Standard Webhooks), or the key as bytes
     allow: Sequence[str] = ()  #: hosts / CIDRs exempt from the target guard
     timeout: float = 10.0
     connect_timeout: float = 5.0
@@ -229,6 +309,7 @@ class WebhookProvider(Provider):
         self.config = config
         self.name = config.name
         self._clock = clock
+        signing_key(config.secret)  # a malformed secret fails here, not on every send
         self.guard = TargetGuard(config.allow, **({"resolve": resolve} if resolve else {}))
         self._client = client or make_client(
             timeout=config.timeout,
@@ -240,23 +321,23 @@ class WebhookProvider(Provider):
 
     @staticmethod
     def payload(delivery: Delivery) -> bytes:
-        content = delivery.content or {}
-        body = content["body"] if "body" in content else content
-        return orjson.dumps(body)
+        return payload(delivery)
 
     def signed_headers(self, delivery: Delivery, body: bytes) -> dict[str, str]:
-        ts = int(self._clock())
         return {
             "content-type": "application/json",
-            "x-notify-id": delivery.delivery_id,
-            "x-notify-timestamp": str(ts),
-            "x-notify-signature": signature_header(self.config.secret, ts, body),
+            **signed_headers(self.config.secret, delivery.delivery_id, int(self._clock()), body),
             "x-notify-category": delivery.category or "",
         }
 
     async def send(self, delivery: Delivery) -> SendResult:
         sw = Stopwatch()
         url = delivery.address
+        try:
+            body = self.payload(delivery)
+        except BadPayload as exc:
+            return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error=str(exc)[:300],
+                              permanent_kind=PermanentKind.INVALID_REQUEST, latency_ms=sw.ms)
         try:
             scheme, host, port, ip = await self.guard.check(url)
         except TargetRefused as exc:
@@ -269,7 +350,6 @@ class WebhookProvider(Provider):
             )
         except (OSError, UnicodeError) as exc:
             return SendResult(AttemptResult.TRANSIENT_ERROR, self.name, error=f"resolve: {exc}"[:300], latency_ms=sw.ms)
-        body = self.payload(delivery)
         headers = self.signed_headers(delivery, body)
         parts = urlsplit(url)
         netloc_ip = f"[{ip}]" if ":" in ip else ip

@@ -45,6 +45,7 @@ class Step:
     retry: Optional[Delivery] = None
     dead_letter: Optional[str] = None
     remove_token: Optional[str] = None
+    remove_at: Optional[float] = None  # when the provider learnt the token was dead (APNs 410); None: now
     inbox: Optional[InboxItem] = None
     poll: Optional[str] = None  # provider to ask for a receipt later
     state: str = State.PENDING
@@ -113,6 +114,7 @@ async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
             out.dead_letter = nxt.reason
         if nxt.remove_device and d.address and ":" in d.address:
             out.remove_token = d.address.split(":", 1)[1]
+            out.remove_at = r.unregistered_at
         if nxt.state == State.ACCEPTED and d.channel == "inbox":
             out.inbox = _inbox_item(d, now)
         elif nxt.state == State.ACCEPTED and settings.receipt_poll_s:
@@ -192,7 +194,8 @@ async def finish(d: Delivery, s: Step, partition: int, inbox: InboxWriter) -> No
         await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
     if s.remove_token:
         await devices_topic.send(key=d.user_id, value=DeviceUpdate(
-            user_id=d.user_id, token=s.remove_token, op="remove", at=time.time()))
+            user_id=d.user_id, token=s.remove_token, op="remove",
+            at=s.remove_at if s.remove_at is not None else time.time()))
     # cached until the commit, so it is written after the outcomes above and their
     # records (agents/sink.py): a crash in between leaves "calling", and the replay
     # reconciles and records instead of skipping

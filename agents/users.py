@@ -21,8 +21,14 @@ async def apply_devices(stream):
     async for event in stream.events():
         async with contained(dlq_topic, event, "devices"):
             upd = event.value
-            held = [d for d in (devices.get(upd.user_id) or []) if d[1] != upd.token]
-            if upd.op == "add":
+            current = devices.get(upd.user_id) or []
+            if upd.op == "remove":
+                # removed as of upd.at (APNs says since when a token is dead): a token
+                # registered again after that stays; no time said (0) removes it
+                cutoff = upd.at or float("inf")
+                held = [d for d in current if d[1] != upd.token or d[2] > cutoff]
+            else:
+                held = [d for d in current if d[1] != upd.token]
                 held.append([upd.platform, upd.token, upd.at])
             devices[upd.user_id] = held[-10:] or None
             if not held:

@@ -18,6 +18,17 @@ scheduled = Gauge("notify_scheduled_backlog", "Timers held by this worker")
 _BREAKER = {"closed": 0, "half_open": 1, "open": 2}
 
 
+provider_config_faults = Counter("notify_provider_config_faults_total",
+                                 "Provider calls refused for a fault of our configuration (no retry fixes it)",
+                                 ["provider"])
+
+
+def on_provider_fault(name: str, result: object) -> None:
+    """``Dispatcher(on_fault=...)``: a configuration fault (wrong APNs topic, FCM's
+    third-party credentials): counted for an alert; the dispatcher logs it too."""
+    provider_config_faults.labels(name).inc()
+
+
 def on_breaker_change(name: str, old: str, new: str) -> None:
     breaker_state.labels(name).set(_BREAKER.get(new, -1))
 

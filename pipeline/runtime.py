@@ -118,7 +118,8 @@ async def dispatcher() -> Dispatcher:
                     metrics.on_breaker_change(name, old, new)
                     board.note(name, new)
 
-                _dispatcher = Dispatcher(providers, routes, rates=rates, breaker=breaker, on_breaker_change=on_change)
+                _dispatcher = Dispatcher(providers, routes, rates=rates, breaker=breaker, on_breaker_change=on_change,
+                                         on_fault=metrics.on_provider_fault)
                 for name in providers:
                     board.note(name, "closed")  # where every worker's breakers start
     return _dispatcher

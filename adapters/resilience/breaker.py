@@ -8,7 +8,7 @@ are allowed; the first success closes the breaker, a failure re-opens it (and
 restarts the ``reset_timeout``).
 
 Use: ``if breaker.allow(): result = await provider.send(d);
-breaker.record(counts_as_success(result.result))``. Every ``allow()`` that
+breaker.record(counts_as_success(result))``. Every ``allow()`` that
 returned True must be followed by one ``record()`` (in half-open state it
 holds a trial slot). Results that arrive while the breaker is open (calls
 allowed before it opened) are ignored.
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from pipeline.models import AttemptResult
+
+from ..base import Fault
 
 __all__ = ["CircuitBreaker", "counts_as_success", "CLOSED", "OPEN", "HALF_OPEN"]
 
@@ -29,14 +31,26 @@ OPEN = "open"
 HALF_OPEN = "half_open"
 
 
-def counts_as_success(result: str) -> bool:
+def counts_as_success(result: Any) -> bool:
     """Which attempt results mean "the provider is healthy".
 
-    ACCEPTED and PERMANENT_ERROR (the provider answered; the recipient was
-    bad) are successes; TRANSIENT_ERROR, TIMEOUT_UNKNOWN and RATE_LIMITED
-    (sustained throttling is a reason to shift traffic) are failures.
+    ``result``: an ``AttemptResult`` string, or anything with ``.result`` and
+    ``.fault`` (a ``SendResult``). ACCEPTED and PERMANENT_ERROR (the provider
+    answered; the recipient was bad) are successes; TRANSIENT_ERROR,
+    TIMEOUT_UNKNOWN and RATE_LIMITED (sustained throttling is a reason to shift
+    traffic) are failures. The result's ``fault`` overrides that: a fault of one
+    recipient (APNs' per-device 429) or of one route (Twilio 21408) says the
+    provider answered and is healthy; a fault of our configuration (wrong APNs
+    topic, FCM third-party auth) counts as a failure whatever the status, so the
+    breaker opens on it (only provider-wide faults count).
     """
-    return result in (AttemptResult.ACCEPTED, AttemptResult.PERMANENT_ERROR)
+    fault = getattr(result, "fault", None)
+    if fault in (Fault.RECIPIENT, Fault.ROUTE):
+        return True
+    if fault == Fault.CONFIG:
+        return False
+    status = result if isinstance(result, str) or result is None else getattr(result, "result", None)
+    return status in (AttemptResult.ACCEPTED, AttemptResult.PERMANENT_ERROR)
 
 
 class CircuitBreaker:

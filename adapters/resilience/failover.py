@@ -5,7 +5,8 @@ is only allowed when the last provider certainly did *not* take the message:
 
 * its breaker is open (we did not call it: :data:`BREAKER_OPEN`),
 * it answered TRANSIENT_ERROR (5xx, connection refused: not accepted),
-* it answered RATE_LIMITED (429: not accepted, RFC 6585).
+* it answered RATE_LIMITED (429: not accepted, RFC 6585), unless the limit
+  was one recipient's (APNs throttles per device token): then no provider helps.
 
 Never after TIMEOUT_UNKNOWN: the first provider may have sent the message, and
 a second provider would send it again. A delivery whose
@@ -20,6 +21,7 @@ from typing import Any, Collection, Mapping, Optional, Sequence
 
 from pipeline.models import AttemptResult
 
+from ..base import Fault
 from .breaker import CircuitBreaker
 
 __all__ = ["BREAKER_OPEN", "may_failover", "choose_provider"]
@@ -40,8 +42,12 @@ def may_failover(last_result: Any) -> bool:
     """May the next attempt of this delivery use *another* provider?
 
     ``last_result``: an ``AttemptResult`` string, :data:`BREAKER_OPEN`, or
-    anything with a ``.result`` (``SendResult``, ``Attempt``).
+    anything with a ``.result`` (``SendResult``, ``Attempt``). A fault of the
+    recipient (``fault="recipient"``: one device throttled) never fails over:
+    the device, not the provider, needs time.
     """
+    if getattr(last_result, "fault", None) == Fault.RECIPIENT:
+        return False
     return _result_of(last_result) in _FAILOVER_OK
 
 

@@ -9,7 +9,7 @@ fcm        HTTP/1.1, FCM v1 + OAuth token URL   RS256 JWT grant → Bearer acces
 twilio     HTTP/1.1, Twilio Messages API        Basic AccountSid:AuthToken
 smsvendor  HTTP/1.1, JSON vendor API            X-Api-Key
 smtp       SMTP (aiosmtpd), optional STARTTLS   optional AUTH PLAIN/LOGIN
-webhook    HTTP/1.1 receiver                    verifies X-Notify-Signature
+webhook    HTTP/1.1 receiver                    verifies Standard Webhooks signatures
 =========  ===================================  ==========================================
 
 Every HTTP simulator serves ``POST /_sim/mode`` (``{"mode": "ok"|"down"|

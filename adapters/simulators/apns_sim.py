@@ -10,9 +10,20 @@ as the real service.
   ``apns-push-type``, ``apns-priority``, ``apns-id``, ``apns-expiration`` and
   ``apns-collapse-id`` are validated as APNs does; payload ≤ 4096 bytes.
 * Token-prefix scenarios: ``bad…`` → 400 BadDeviceToken, ``gone…`` → 410
-  Unregistered, ``throttle…`` → 429 TooManyRequests on the first call,
-  ``flaky…`` → 503 on the first call, ``error…`` → 500, ``slow…`` → slow,
-  ``hang…`` → accepted and recorded, then no answer (TIMEOUT_UNKNOWN).
+  Unregistered (with ``timestamp``: now), ``throttle…`` → 429 TooManyRequests
+  on the first push *to that device*, ``nottopic…`` → 400
+  DeviceTokenNotForTopic, ``flaky…`` → 503 on the first call, ``error…`` →
+  500, ``slow…`` → slow, ``hang…`` → accepted and recorded, then no answer
+  (TIMEOUT_UNKNOWN).
+* As APNs: 429 TooManyRequests is per device token (``device_rate=(n, s)``:
+  more than n pushes to one token within s seconds are refused); a token
+  :meth:`ApnsSim.unregister` ed answers 410 Unregistered with the ``timestamp``
+  (ms) it was unregistered at; a token :meth:`ApnsSim.register` ed for another
+  topic answers 400 DeviceTokenNotForTopic; :meth:`ApnsSim.expire_provider_tokens`
+  makes every JWT seen so far answer 403 ExpiredProviderToken; with
+  ``token_min_renewal`` set, a new JWT sooner than that after the last one,
+  while the last is still good, answers 429 TooManyProviderTokenUpdates.
+  ``provider_tokens`` counts the JWTs taken.
 * ``/_sim/mode``, ``/_sim/ledger``, ``/_sim/reset`` as every simulator.
 
 APNs has no delivery receipts, so nothing is posted back.
@@ -26,6 +37,7 @@ import secrets
 import string
 import time
 import uuid
+from collections import deque
 from typing import Any, Optional
 
 import jwt
@@ -61,8 +73,20 @@ class ApnsSim:
         team_id: Optional[str] = None,
         key_id: Optional[str] = None,
         tls: bool = False,
+        device_rate: Optional[tuple[int, float]] = None,
+        token_min_renewal: Optional[float] = None,
     ) -> None:
         self.core = SimCore(self.name, profile or SimProfile.realistic())
+        self.device_rate = device_rate
+        self.token_min_renewal = token_min_renewal
+        self._device_pushes: dict[str, deque[float]] = {}
+        self._throttled_once: set[str] = set()
+        self.unregistered: dict[str, int] = {}  #: token → ms since the epoch
+        self.device_topics: dict[str, str] = {}  #: token → the topic it was issued for
+        self._expired: set[str] = set()
+        self._current_token: Optional[str] = None
+        self._current_since = 0.0
+        self.provider_tokens = 0  #: distinct provider JWTs taken
         self.topic = topic
         self.team_id = team_id or _rand_id()
         self.key_id = key_id or _rand_id()
@@ -90,6 +114,20 @@ class ApnsSim:
 
     def credentials(self) -> dict[str, Any]:
         return {"team_id": self.team_id, "key_id": self.key_id, "private_key": self.private_key_pem, "topic": self.topic}
+
+    def unregister(self, token: str, at: Optional[float] = None) -> None:
+        """From now on ``token`` answers 410 Unregistered with ``timestamp`` =
+        ``at`` (unix seconds; default now), as when the app was removed."""
+        self.unregistered[token] = int((time.time() if at is None else at) * 1000)
+
+    def register(self, token: str, topic: Optional[str] = None) -> None:
+        """``token`` was issued for ``topic`` (default: ours) and is valid again."""
+        self.unregistered.pop(token, None)
+        self.device_topics[token] = topic or self.topic
+
+    def expire_provider_tokens(self) -> None:
+        """Every provider JWT seen so far answers 403 ExpiredProviderToken from now on."""
+        self._expired.update(self._verified)
 
     async def start(self) -> str:
         await self.server.start()
@@ -123,6 +161,8 @@ class ApnsSim:
             return self._json(200, {"sim": self.name, "calls": self.core.ledger_view(key), "receipts": []})
         if path == "/_sim/reset":
             self.core.reset()
+            self._throttled_once.clear()
+            self._device_pushes.clear()
             return self._json(200, {"ok": True})
         if path.startswith("/3/device/"):
             return await self._push(req, path[len("/3/device/"):])
@@ -134,6 +174,8 @@ class ApnsSim:
             return "MissingProviderToken"
         token = auth[7:].strip()
         now = time.time()
+        if token in self._expired:
+            return "ExpiredProviderToken"
         iat = self._verified.get(token)
         if iat is None:
             try:
@@ -153,7 +195,20 @@ class ApnsSim:
             iat = int(claims["iat"])
             if iat > now + 300:
                 return "InvalidProviderToken"
+            if iat < now - 3600:
+                return "ExpiredProviderToken"
+            current = self._current_token
+            if (
+                self.token_min_renewal is not None
+                and current is not None
+                and current not in self._expired
+                and self._verified.get(current, 0) >= now - 3600
+                and now - self._current_since < self.token_min_renewal
+            ):
+                return "TooManyProviderTokenUpdates"
             self._verified[token] = iat
+            self._current_token, self._current_since = token, now
+            self.provider_tokens += 1
         if iat < now - 3600:
             return "ExpiredProviderToken"
         return None
@@ -188,6 +243,28 @@ class ApnsSim:
             return 413, "PayloadTooLarge"
         return None
 
+    def _device_answer(self, token: str, throttle: bool = False) -> Optional[tuple[int, str, dict[str, Any]]]:
+        """What APNs answers for this device whatever the message: unregistered,
+        issued for another topic, or throttled (too many pushes to it)."""
+        if token in self.unregistered:
+            return 410, "Unregistered", {"timestamp": self.unregistered[token]}
+        topic = self.device_topics.get(token)
+        if (topic is not None and topic != self.topic) or token.lower().startswith("nottopic"):
+            return 400, "DeviceTokenNotForTopic", {}
+        if throttle and token not in self._throttled_once:
+            self._throttled_once.add(token)
+            return 429, "TooManyRequests", {}
+        if self.device_rate is not None:
+            n, window = self.device_rate
+            now = time.monotonic()
+            pushes = self._device_pushes.setdefault(token, deque())
+            while pushes and pushes[0] <= now - window:
+                pushes.popleft()
+            if len(pushes) >= n:
+                return 429, "TooManyRequests", {}
+            pushes.append(now)
+        return None
+
     async def _push(self, req: H2Request, device_token: str) -> tuple[int, list[tuple[str, str]], bytes]:
         core = self.core
         apns_id = req.headers.get("apns-id") or str(uuid.uuid4())
@@ -203,8 +280,9 @@ class ApnsSim:
 
         auth_error = self._check_auth(req)
         if auth_error:
-            core.record(**entry, status=403, outcome=auth_error, accepted=False)
-            return self._json(403, {"reason": auth_error}, [("apns-id", apns_id)])
+            status = 429 if auth_error == "TooManyProviderTokenUpdates" else 403
+            core.record(**entry, status=status, outcome=auth_error, accepted=False)
+            return self._json(status, {"reason": auth_error}, [("apns-id", apns_id)])
         invalid = self._validate(req, device_token)
         if invalid is None and not (isinstance(payload, dict) and isinstance(payload.get("aps"), dict)):
             invalid = (400, "BadPayload") if payload is None else (400, "PayloadEmpty")
@@ -212,13 +290,20 @@ class ApnsSim:
             core.record(**entry, status=invalid[0], outcome=invalid[1], accepted=False)
             return self._json(invalid[0], {"reason": invalid[1]}, [("apns-id", apns_id)])
 
+        hdr = [("apns-id", apns_id)]
         alert = payload["aps"].get("alert")
         text = alert.get("body") if isinstance(alert, dict) else alert
         scenario = token_scenario(device_token) or text_scenario(text)
+        device = self._device_answer(device_token, throttle=scenario == "throttle")
+        if device is not None:
+            status, reason, extra = device
+            core.record(**entry, status=status, outcome=reason, cause="device", accepted=False)
+            return self._json(status, {"reason": reason, **extra}, hdr)
+        if scenario == "throttle":
+            scenario = None  # APNs throttles per device: answered above
         d = core.decide(key, scenario)
         if d.delay:
             await asyncio.sleep(d.delay)
-        hdr = [("apns-id", apns_id)]
         if d.action == "error":
             reason = "ServiceUnavailable" if d.status == 503 else "InternalServerError"
             core.record(**entry, status=d.status, outcome=reason, cause=d.cause, accepted=False)

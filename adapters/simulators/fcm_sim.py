@@ -10,11 +10,16 @@
   Bearer <access token>`` (401 UNAUTHENTICATED otherwise) → ``{"name":
   "projects/{id}/messages/{n}"}``; errors in Google's format with an
   ``FcmError`` detail.
+* As FCM: ``data`` values must be strings (400 INVALID_ARGUMENT "Invalid
+  value at 'message.data[0].value' (TYPE_STRING)" otherwise); a token of an
+  app whose APNs credential the project lacks answers 401 UNAUTHENTICATED with
+  errorCode THIRD_PARTY_AUTH_ERROR (token prefix ``tpauth…``, or every token
+  while ``third_party_auth_broken`` is set), whatever our access token.
 * Token-prefix scenarios: ``bad…`` → 400 INVALID_ARGUMENT (registration
   token), ``gone…`` → 404 UNREGISTERED, ``throttle…`` → 429 QUOTA_EXCEEDED
   with Retry-After on the first call, ``flaky…`` → 503 UNAVAILABLE on the
   first call, ``error…`` → 500 INTERNAL, ``slow…``, ``hang…`` (accepted, then
-  no answer).
+  no answer), ``tpauth…`` → 401 THIRD_PARTY_AUTH_ERROR.
 
 FCM has no delivery receipts, so nothing is posted back.
 """
@@ -65,6 +70,8 @@ class FcmSim(HttpSim):
         self._tokens: dict[str, float] = {}  # access token → expiry
         self._ids = itertools.count(int(time.time() * 1000))
         self.token_grants = 0
+        #: every send answers 401 THIRD_PARTY_AUTH_ERROR (the project's APNs key is missing)
+        self.third_party_auth_broken = False
 
     @property
     def token_uri(self) -> str:
@@ -150,6 +157,14 @@ class FcmSim(HttpSim):
         if not token or not isinstance(body, dict):
             core.record(**entry, status=400, outcome="INVALID_ARGUMENT", accepted=False)
             return _gerr(400, "INVALID_ARGUMENT", "Request contains an invalid argument.", "INVALID_ARGUMENT")
+        if self.third_party_auth_broken or token.lower().startswith("tpauth"):
+            core.record(**entry, status=401, outcome="THIRD_PARTY_AUTH_ERROR", accepted=False)
+            return _gerr(401, "UNAUTHENTICATED", "Auth error from APNS or Web Push Service", "THIRD_PARTY_AUTH_ERROR")
+        bad_value = next((i for i, v in enumerate(data.values()) if not isinstance(v, str)), None)
+        if bad_value is not None or not isinstance(message.get("data", {}), dict):
+            core.record(**entry, status=400, outcome="INVALID_ARGUMENT", cause="data", accepted=False)
+            at = f"message.data[{bad_value}].value" if bad_value is not None else "message.data"
+            return _gerr(400, "INVALID_ARGUMENT", f"Invalid value at '{at}' (TYPE_STRING)", "INVALID_ARGUMENT")
         android = message.get("android") or {}
         if android.get("priority", "NORMAL") not in ("NORMAL", "HIGH"):
             core.record(**entry, status=400, outcome="INVALID_ARGUMENT", accepted=False)

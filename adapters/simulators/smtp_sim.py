@@ -4,6 +4,12 @@ It runs on the caller's event loop (``loop.create_server`` with aiosmtpd's
 ``SMTP`` protocol, which is what aiosmtpd's ``Controller`` does in a thread of
 its own), so the ledger is read without cross-thread races.
 
+As Postfix with ``reject_non_fqdn_helo_hostname`` (``require_fqdn_helo``, on
+by default), a client whose EHLO name is not a fully-qualified domain name
+(``localhost``, a bare word) is refused at RCPT: ``504 5.5.2 <name>: Helo
+command rejected: need fully-qualified hostname``. Each stored message keeps
+the EHLO name it came with (``helo``).
+
 Options: ``tls=True`` offers STARTTLS with a self-signed certificate generated
 in memory (clients trust :attr:`SmtpSim.cert_pem`) and requires it;
 ``username``/``password`` require AUTH (PLAIN/LOGIN).
@@ -43,12 +49,24 @@ def _scenario(address: str) -> Optional[str]:
     return None
 
 
+def _fqdn(name: str) -> bool:
+    """A fully-qualified host name (or an address literal), as Postfix wants in HELO."""
+    name = name.strip().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        return True
+    return "." in name and name.lower() not in ("localhost.localdomain",) and not name.lower().endswith(".localdomain")
+
+
 class _Handler:
     def __init__(self, sim: "SmtpSim") -> None:
         self.sim = sim
 
     async def handle_RCPT(self, server: SMTP, session: Any, envelope: Any, address: str, rcpt_options: list[str]) -> str:
         core = self.sim.core
+        helo = str(getattr(session, "host_name", "") or "")
+        if self.sim.require_fqdn_helo and not _fqdn(helo):
+            core.record(op="send", stage="rcpt", key="", to=address, status=504, outcome="helo", helo=helo, accepted=False)
+            return "504 5.5.2 <%s>: Helo command rejected: need fully-qualified hostname" % helo
         sc = _scenario(address)
         if sc == "bounce":
             core.record(op="send", stage="rcpt", key="", to=address, status=550, outcome="bounce", accepted=False)
@@ -91,7 +109,9 @@ class _Handler:
             "rcpt_tos": list(envelope.rcpt_tos),
             "message_id": msg.get("Message-ID"),
             "subject": msg.get("Subject"),
+            "auto_submitted": msg.get("Auto-Submitted"),
             "raw": raw,
+            "helo": getattr(session, "host_name", None),
             "auth": getattr(session, "auth_data", None) is not None or getattr(session, "authenticated", False),
             "tls": getattr(session, "ssl", None) is not None,
             "at": time.time(),
@@ -118,8 +138,10 @@ class SmtpSim:
         tls: bool = False,
         username: Optional[str] = None,
         password: Optional[str] = None,
+        require_fqdn_helo: bool = True,
     ) -> None:
         self.core = SimCore(self.name, profile or SimProfile.realistic())
+        self.require_fqdn_helo = require_fqdn_helo
         self.host = host
         self.port = port
         self.tls = tls

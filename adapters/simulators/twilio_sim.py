@@ -17,7 +17,15 @@
   (invalid number), 0002 → 429 (Retry-After) on the first call, 0003 → slow,
   0004 → accepted then no answer (the UNKNOWN case), 0005 → accepted then
   undelivered, 0006 → 503 on the first call, 0007 → always 500, 0008 → 400
-  code 21610 (opted out). E.g. ``+15005550001``.
+  code 21610 (opted out), 0010 → 400 code 21408 (the account's geo
+  permissions do not include the number's region; so does any number starting
+  with one of ``blocked_regions``, e.g. ``("+44",)``). E.g. ``+15005550001``.
+* Callbacks as Twilio sends them: to the StatusCallback URL as given, query
+  string included and signed; with ``shared_key=(key_id, secret)`` signed
+  HMAC-SHA256 with that SharedKey and named in
+  ``X-Twilio-Webhooks-Signature-Settings: key=<id>,algorithm=HMAC_SHA256``;
+  with ``repeat_callbacks=True`` every callback is posted twice, identical (as
+  Twilio retries one whose answer it did not get).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import math
 import secrets
 import time
 from typing import Any, Optional
+from urllib.parse import urlencode
 
 from aiohttp import BasicAuth, web
 
@@ -36,6 +45,8 @@ from .common import HttpSim, SimProfile, phone_scenario, post_receipt, text_scen
 __all__ = ["TwilioSim", "RECONCILE_PARAM", "IDEMPOTENCY_HEADER"]
 
 RECONCILE_PARAM = "NotifyIdempotencyKey"
+#: a number ending so is in a region the account may not send to (code 21408)
+REGION_SUFFIX = "0010"
 IDEMPOTENCY_HEADER = "X-Notify-Idempotency-Key"
 
 
@@ -61,9 +72,15 @@ class TwilioSim(HttpSim):
         account_sid: Optional[str] = None,
         auth_token: Optional[str] = None,
         from_number: str = "+15005550006",
+        blocked_regions: tuple[str, ...] = (),
+        shared_key: Optional[tuple[str, str]] = None,
+        repeat_callbacks: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__(profile, **kw)
+        self.blocked_regions = tuple(blocked_regions)
+        self.shared_key = shared_key
+        self.repeat_callbacks = repeat_callbacks
         self.account_sid = account_sid or "AC" + secrets.token_hex(16)
         self.auth_token = auth_token or secrets.token_hex(16)
         self.from_number = from_number
@@ -114,6 +131,9 @@ class TwilioSim(HttpSim):
         if not body:
             core.record(**entry, status=400, outcome="21602", accepted=False)
             return _error(400, 21602, "Message body is required.")
+        if to.endswith(REGION_SUFFIX) or any(to.startswith(r) for r in self.blocked_regions):
+            core.record(**entry, status=400, outcome="21408", accepted=False)
+            return _error(400, 21408, f"Permission to send an SMS has not been enabled for the region indicated by the 'To' number: {to}")
         d = core.decide(key or to, text_scenario(body) or phone_scenario(to))
         if d.delay:
             await asyncio.sleep(d.delay)
@@ -226,10 +246,16 @@ class TwilioSim(HttpSim):
         if msg.get("error_code"):
             params["ErrorCode"] = str(msg["error_code"])
         headers = {
-            "X-Twilio-Signature": twilio_signature(self.auth_token, url, params),
             "I-Twilio-Idempotency-Token": secrets.token_hex(16),
             "Content-Type": "application/x-www-form-urlencoded",
         }
-        await post_receipt(
-            self.session, self.core, url, data=params, headers=headers, info={"msg_id": msg["sid"], "key": msg["_key"], "status_sent": msg["status"]}
-        )
+        if self.shared_key is not None:
+            key_id, secret = self.shared_key
+            headers["X-Twilio-Signature"] = twilio_signature(secret, url, params, algorithm="HMAC_SHA256")
+            headers["X-Twilio-Webhooks-Signature-Settings"] = f"key={key_id},algorithm=HMAC_SHA256"
+        else:
+            headers["X-Twilio-Signature"] = twilio_signature(self.auth_token, url, params)
+        info = {"msg_id": msg["sid"], "key": msg["_key"], "status_sent": msg["status"]}
+        body = urlencode(params).encode()
+        for _ in range(2 if self.repeat_callbacks else 1):
+            await post_receipt(self.session, self.core, url, body=body, headers=headers, info=info)

@@ -1,11 +1,15 @@
 """A webhook receiver: the customer's endpoint that our webhook adapter calls.
 
-* ``POST /hook/<scenario>`` (or ``/hook`` for ok): checks
-  ``X-Notify-Signature`` with :func:`adapters.webhook.verify_signature` (401
-  when it does not verify, like a careful receiver), de-duplicates on
-  ``X-Notify-Id`` (a repeat is acknowledged and flagged ``duplicate``), then
-  answers by scenario: ``ok`` 200, ``error`` 500, ``flaky`` 503 on the first
-  call, ``throttle`` 429 + Retry-After on the first call, ``slow``, ``hang``
+* ``POST /hook/<scenario>`` (or ``/hook`` for ok): verifies the Standard
+  Webhooks signature (``webhook-id``, ``webhook-timestamp``,
+  ``webhook-signature: v1,<base64>``, the id signed; secret ``whsec_<base64>``)
+  as a receiver using the ``standardwebhooks`` library does, with
+  :func:`adapters.webhook.verify` (401 when it does not verify, or the
+  timestamp is more than 5 minutes away), de-duplicates on ``webhook-id`` (a
+  repeat is acknowledged and flagged ``duplicate``), keeps the body parsed as
+  JSON (``body_type`` in the ledger: ``object``, ``string``, …), then answers
+  by scenario: ``ok`` 200, ``error`` 500, ``flaky`` 503 on the first call,
+  ``throttle`` 429 + Retry-After on the first call, ``slow``, ``hang``
   (received, then no answer), ``gone`` 410, ``reject`` 400.
 * ``/_sim/mode`` and ``/_sim/ledger`` like the provider simulators.
 """
@@ -14,17 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import math
-import secrets
 import time
 from typing import Any, Optional
 
 import orjson
 from aiohttp import web
 
-from ..webhook import verify_signature
+from ..webhook import new_secret, verify
 from .common import SCENARIOS, HttpSim, SimProfile
 
 __all__ = ["WebhookSim"]
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 class WebhookSim(HttpSim):
@@ -32,7 +37,7 @@ class WebhookSim(HttpSim):
 
     def __init__(self, profile: Optional[SimProfile] = None, *, secret: Optional[str] = None, **kw: Any) -> None:
         super().__init__(profile, **kw)
-        self.secret = secret or secrets.token_hex(16)
+        self.secret = secret or new_secret()
 
     def credentials(self) -> dict[str, Any]:
         return {"secret": self.secret}
@@ -47,10 +52,8 @@ class WebhookSim(HttpSim):
     async def _hook(self, request: web.Request) -> web.StreamResponse:
         core = self.core
         raw = await request.read()
-        key = request.headers.get("X-Notify-Id", "")
-        sig_ok = verify_signature(
-            self.secret, request.headers.get("X-Notify-Timestamp"), raw, request.headers.get("X-Notify-Signature"), time.time()
-        )
+        key = request.headers.get("webhook-id", "")
+        sig_ok = verify(self.secret, raw, request.headers, time.time())
         entry: dict[str, Any] = {"op": "send", "method": "POST", "path": request.path, "key": key, "host": request.headers.get("Host"), "signature_ok": sig_ok}
         if not sig_ok:
             core.record(**entry, status=401, outcome="bad_signature", accepted=False)
@@ -73,8 +76,10 @@ class WebhookSim(HttpSim):
         duplicate = key in core.by_key
         try:
             body: Any = orjson.loads(raw)
+            entry["body_type"] = _JSON_TYPES.get(type(body), "invalid")
         except orjson.JSONDecodeError:
             body = raw.decode("utf-8", "replace")
+            entry["body_type"] = "invalid"
         if not duplicate:
             core.messages[key] = {"key": key, "body": body, "headers": dict(request.headers), "at": time.time()}
             core.by_key[key] = key

@@ -450,10 +450,12 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                 "post": {
                     "operationId": "postReceipt",
                     "summary": "A provider's delivery receipt (signed by the provider, no API key)",
-                    "description": "twilio: form-encoded status callback with X-Twilio-Signature; smsvendor: JSON "
-                                   "with X-Vendor-Timestamp and X-Vendor-Signature (sha256=HMAC). A bad, stale "
-                                   "or replayed signature is 401 and counted in "
-                                   "notify_receipts_rejected_total.",
+                    "description": "twilio: form-encoded status callback with X-Twilio-Signature (or the JSON "
+                                   "variant with bodySHA256 in the query), verified as twilio's RequestValidator "
+                                   "does: the full URL, any query string included; an identical retried callback "
+                                   "is acknowledged (200, received 0). smsvendor: JSON with X-Vendor-Timestamp and "
+                                   "X-Vendor-Signature (sha256=HMAC). A bad, stale or replayed signature is 401 "
+                                   "and counted in notify_receipts_rejected_total.",
                     "security": [],
                     "parameters": [
                         {"name": "provider", "in": "path", "required": True,

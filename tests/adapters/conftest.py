@@ -88,8 +88,7 @@ class ReceiptCollector:
             return web.Response(status=503)
         try:
             if provider == "twilio":
-                params = list((await request.post()).items())
-                r = await verifier.twilio(str(request.url), params, request.headers.get("X-Twilio-Signature"))
+                r = await verifier.twilio_request(str(request.url), request.content_type, body, request.headers)
                 got = [r] if r else []
             else:
                 got = await verifier.vendor(body, request.headers.get("X-Vendor-Timestamp"), request.headers.get("X-Vendor-Signature"))

@@ -80,12 +80,15 @@ async def test_5xx_is_transient_then_recovers(apns_sim, make_delivery):
         await p.close()
 
 
-async def test_429_is_rate_limited(apns_sim, make_delivery):
-    p = provider_for(apns_sim)
+async def test_429_is_rate_limited_for_that_device(apns_sim, make_delivery):
+    p = provider_for(apns_sim, device_retry_after=12.0)
     try:
         r = await p.send(make_delivery("push", "apns:throttle-1"))
-        assert r.result == AttemptResult.RATE_LIMITED
-        assert r.retry_after is None  # APNs sends no Retry-After: the pipeline backs off
+        assert r.result == AttemptResult.RATE_LIMITED and r.error == "429 TooManyRequests"
+        assert r.fault == "recipient"  # one device's limit: the provider is healthy
+        assert r.retry_after == 12.0  # APNs sends no Retry-After: the delivery backs off this long
+        # the throttle is the device's, whatever the message
+        assert (await p.send(make_delivery("push", "apns:throttle-1"))).result == AttemptResult.ACCEPTED
     finally:
         await p.close()
 
@@ -199,3 +202,109 @@ async def test_tls_with_alpn_h2_like_apple(profile, make_delivery):
         assert len(sim.core.ledger) == 1
     finally:
         await sim.stop()
+
+
+# ------------------------------------------------------------------ issue 28: as Apple answers
+
+
+async def test_one_throttled_device_never_opens_the_breaker(profile, make_delivery):
+    """429 TooManyRequests is per device token: five of them for one device do not
+    open the apns breaker, and the next healthy device is sent at once."""
+    from adapters.dispatch import Dispatcher
+    from adapters.simulators.apns_sim import ApnsSim
+
+    sim = ApnsSim(profile, device_rate=(1, 60.0))  # one push per device a minute
+    await sim.start()
+    disp = Dispatcher({"apns": provider_for(sim)}, {"push": ["apns"]}, breaker={"failure_threshold": 5})
+    try:
+        results = []
+        for _ in range(6):
+            rnd = await disp.send(make_delivery("push", "apns:busy-device"))
+            results.extend(r.result for r in rnd.results)
+        assert results == [AttemptResult.ACCEPTED] + [AttemptResult.RATE_LIMITED] * 5
+        assert disp.breakers["apns"].state == "closed"
+        rnd = await disp.send(make_delivery("push", "apns:quiet-device"))
+        assert [r.result for r in rnd.results] == [AttemptResult.ACCEPTED] and rnd.wait_s is None
+    finally:
+        await disp.close()
+        await sim.stop()
+
+
+async def test_expired_provider_token_is_renewed_once_for_concurrent_requests(profile, make_delivery):
+    """20 requests refused with the same expired JWT share one renewal; a refusal
+    sooner than Apple's 20 minutes after the last renewal mints nothing."""
+    import asyncio
+
+    from adapters.simulators.apns_sim import ApnsSim
+
+    sim = ApnsSim(profile, token_min_renewal=20 * 60)  # Apple: 429 TooManyProviderTokenUpdates
+    await sim.start()
+    offset = {"s": -3700.0}
+    p = provider_for(sim, clock=lambda: time.time() + offset["s"], token_ttl=10**9)
+    try:
+        p.bearer_token()  # minted 61 minutes ago: Apple calls it expired
+        offset["s"] = -1500.0
+        results = await asyncio.gather(*(p.send(make_delivery("push", f"apns:dev{i:02d}")) for i in range(20)))
+        assert [r.result for r in results] == [AttemptResult.ACCEPTED] * 20, results
+        assert sim.provider_tokens == 1  # one new token (the expired one was never taken)
+        outcomes = [row["outcome"] for row in sim.core.ledger]
+        assert outcomes.count("ExpiredProviderToken") == 20 and outcomes.count("TooManyProviderTokenUpdates") == 0
+        # Apple says expired again right away: renewing now would be too often, so no token
+        sim.expire_provider_tokens()
+        r = await p.send(make_delivery("push", "apns:dev99"))
+        assert r.result == AttemptResult.TRANSIENT_ERROR and r.error == "auth: 403 ExpiredProviderToken"
+        assert 1190 <= r.retry_after <= 1200 and sim.provider_tokens == 1
+        offset["s"] = 0.0  # 25 minutes later: one renewal is allowed
+        assert (await p.send(make_delivery("push", "apns:dev99"))).result == AttemptResult.ACCEPTED
+        assert sim.provider_tokens == 2
+    finally:
+        await p.close()
+        await sim.stop()
+
+
+async def test_410_passes_apples_timestamp_on(apns_sim, make_delivery):
+    """The device may be removed only if it was not registered again after the time
+    APNs learnt the token was dead: the adapter passes that time on."""
+    from pipeline.rules.attempts import after_send
+
+    p = provider_for(apns_sim)
+    try:
+        apns_sim.unregister("ab12cd", at=1_700_000_000.25)
+        d = make_delivery("push", "apns:ab12cd")
+        r = await p.send(d)
+        assert (r.result, r.permanent_kind, r.error) == (AttemptResult.PERMANENT_ERROR, "bad_token", "410 Unregistered")
+        assert r.unregistered_at == 1_700_000_000.25
+        assert after_send(d, r.result, time.time(), provider="apns", permanent_kind=r.permanent_kind).remove_device
+        before = time.time()
+        r2 = await p.send(make_delivery("push", "apns:gone-1"))
+        assert before - 1 <= r2.unregistered_at <= time.time() + 1
+        apns_sim.register("ab12cd")  # the app was installed again
+        assert (await p.send(make_delivery("push", "apns:ab12cd"))).result == AttemptResult.ACCEPTED
+    finally:
+        await p.close()
+
+
+async def test_device_token_not_for_topic_is_a_configuration_fault(apns_sim, make_delivery, caplog):
+    """A token of another app (our topic is wrong): alert and breaker, the device kept."""
+    from adapters.dispatch import Dispatcher
+    from pipeline.rules.attempts import after_send
+
+    faults = []
+    disp = Dispatcher({"apns": provider_for(apns_sim)}, {"push": ["apns"]}, breaker={"failure_threshold": 3},
+                      on_fault=lambda name, r: faults.append((name, r.error)))
+    try:
+        apns_sim.register("feed01", topic="com.example.other")
+        d = make_delivery("push", "apns:feed01")
+        [r] = (await disp.send(d)).results
+        assert r.result == AttemptResult.TRANSIENT_ERROR and r.fault == "config" and r.permanent_kind is None
+        assert r.error == "config: 400 DeviceTokenNotForTopic"
+        assert not after_send(d, r.result, time.time(), provider="apns", permanent_kind=r.permanent_kind).remove_device
+        assert faults == [("apns", "config: 400 DeviceTokenNotForTopic")]
+        for _ in range(2):
+            await disp.send(make_delivery("push", "apns:nottopic-2"))
+        assert disp.breakers["apns"].state == "open"  # every push would fail the same way
+        assert len(faults) == 3
+        logged = [r for r in caplog.records if r.levelname == "ERROR" and "configuration fault" in r.getMessage()]
+        assert len(logged) == 1  # once a minute per provider and error, not per call
+    finally:
+        await disp.close()

@@ -86,3 +86,31 @@ async def test_connection_refused_is_transient(make_delivery, free_port):
     p = SmtpProvider(SmtpConfig(host="127.0.0.1", port=free_port, timeout=1.0))
     r = await p.send(make_delivery("email", "a@example.org", CONTENT))
     assert r.result == AttemptResult.TRANSIENT_ERROR and r.error.startswith("connect:")
+
+
+# ------------------------------------------------------------------ issue 28: as receiving MTAs expect
+
+
+async def test_ehlo_name_is_the_message_id_domain_or_the_configured_one(smtp_sim, make_delivery):
+    """Not the machine's "localhost": an MTA refusing non-FQDN HELO names (Postfix
+    reject_non_fqdn_helo_hostname, as the simulator does) takes the message."""
+    r = await provider_for(smtp_sim).send(make_delivery("email", "alice@example.org", CONTENT))
+    assert r.result == AttemptResult.ACCEPTED, r
+    r2 = await provider_for(smtp_sim, local_hostname="mx-out.example.com").send(make_delivery("email", "bob@example.org", CONTENT))
+    assert r2.result == AttemptResult.ACCEPTED, r2
+    assert [m["helo"] for m in smtp_sim.core.messages.values()] == ["notify.example.com", "mx-out.example.com"]
+    r3 = await provider_for(smtp_sim, local_hostname="localhost").send(make_delivery("email", "carol@example.org", CONTENT))
+    assert r3.result == AttemptResult.PERMANENT_ERROR and "504 5.5.2" in r3.error  # what the default used to get
+
+
+@pytest.mark.parametrize("category,expected", [("account", "auto-generated"), ("otp", "auto-generated"),
+                                               ("transaction", "auto-generated"), ("marketing", None)])
+async def test_transactional_mail_is_auto_submitted(smtp_sim, make_delivery, category, expected):
+    """RFC 3834: transactional mail says Auto-Submitted: auto-generated, so vacation
+    responders do not answer it; bulk mail (marketing) does not claim it."""
+    d = make_delivery("email", "alice@example.org", CONTENT).derive(category=category)
+    r = await provider_for(smtp_sim).send(d)
+    assert r.result == AttemptResult.ACCEPTED, r
+    [stored] = smtp_sim.core.messages.values()
+    msg = message_from_bytes(stored["raw"], policy=policy.strict)  # Python's strict parser, as the judge
+    assert msg["Auto-Submitted"] == expected and stored["auto_submitted"] == expected

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import httpx
 import jwt
+import orjson
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -28,7 +30,7 @@ async def test_success_with_oauth_token_cached(fcm_sim, make_delivery):
         assert msg["token"] == "tok-1"
         assert msg["notification"] == {"title": "T", "body": "B"}
         assert msg["android"]["priority"] == "HIGH"
-        assert msg["data"] == {"notify_id": d.delivery_id, "order": "42"}
+        assert msg["data"] == {"notify_id": d.delivery_id, "order": "42"}  # JSON text of 42
         r2 = await p.send(make_delivery("push", "fcm:tok-2"))
         assert r2.result == AttemptResult.ACCEPTED
         assert fcm_sim.core.messages[r2.provider_msg_id]["message"]["android"]["priority"] == "NORMAL"
@@ -106,5 +108,69 @@ async def test_timeout_after_accept_is_unknown(fcm_sim, make_delivery):
         assert fcm_sim.core.by_key[d.delivery_id]  # it was accepted
         q = await p.query(d.delivery_id)
         assert q.supported is False
+    finally:
+        await p.close()
+
+
+# ------------------------------------------------------------------ issue 28: as firebase-admin builds it
+
+
+DATA = {"s": "text", "flag": True, "n": 1.5, "none": None, "obj": {"a": 1}, "list": [1, "b"]}
+
+
+async def test_data_values_are_json_strings_that_firebase_admin_accepts(fcm_sim, make_delivery):
+    """firebase-admin (the judge) refuses non-string data values; ours are strings:
+    a string as it is, anything else its JSON text (never Python's str())."""
+    from firebase_admin import _messaging_encoder, messaging
+
+    with pytest.raises(ValueError, match="non-string"):  # what the judge says of the values as given
+        _messaging_encoder.MessageEncoder().default(messaging.Message(token="t", data=DATA))
+    p = provider_for(fcm_sim)
+    try:
+        d = make_delivery("push", "fcm:tok-data", {"title": "T", "body": "B", "data": DATA})
+        ours = p.build_message(d)["message"]
+        assert ours["data"] == {"notify_id": d.delivery_id, "s": "text", "flag": "true", "n": "1.5", "none": "null",
+                                "obj": '{"a":1}', "list": '[1,"b"]'}
+        judged = _messaging_encoder.MessageEncoder().default(messaging.Message(
+            token=ours["token"], data=ours["data"],
+            notification=messaging.Notification(title="T", body="B")))
+        assert judged["data"] == ours["data"] and judged["notification"] == ours["notification"]
+        assert {k: orjson.loads(v) for k, v in ours["data"].items() if k not in ("s", "notify_id")} == {
+            k: v for k, v in DATA.items() if k != "s"}
+        r = await p.send(d)  # the simulator refuses non-strings, as FCM does
+        assert r.result == AttemptResult.ACCEPTED, r
+    finally:
+        await p.close()
+
+
+async def test_simulator_refuses_non_string_data_like_fcm(fcm_sim, make_delivery):
+    p = provider_for(fcm_sim)
+    try:
+        token = await p.access_token()
+        async with httpx.AsyncClient(base_url=fcm_sim.base_url) as c:
+            resp = await c.post(f"/v1/projects/{fcm_sim.project_id}/messages:send",
+                                headers={"authorization": f"Bearer {token}"},
+                                json={"message": {"token": "t1", "data": {"a": "1", "b": True}}})
+        assert resp.status_code == 400
+        assert resp.json()["error"]["message"] == "Invalid value at 'message.data[1].value' (TYPE_STRING)"
+    finally:
+        await p.close()
+
+
+async def test_third_party_auth_error_is_a_configuration_fault_no_refresh_no_resend(fcm_sim, make_delivery):
+    """401 THIRD_PARTY_AUTH_ERROR is the Firebase project's APNs credential, not our
+    access token: no new OAuth grant, no second call, a configuration fault."""
+    p = provider_for(fcm_sim)
+    try:
+        assert (await p.send(make_delivery("push", "fcm:android-1"))).result == AttemptResult.ACCEPTED
+        d = make_delivery("push", "fcm:tpauth-ios-1")
+        r = await p.send(d)
+        assert r.result == AttemptResult.TRANSIENT_ERROR and r.fault == "config" and r.permanent_kind is None
+        assert r.error.startswith("config: 401 THIRD_PARTY_AUTH_ERROR"), r.error
+        assert fcm_sim.core.calls(d.delivery_id) == 1  # no resend
+        assert p.token_fetches == 1 and fcm_sim.token_grants == 1  # no refresh
+        fcm_sim.third_party_auth_broken = True  # the whole project: still one call each
+        r2 = await p.send(make_delivery("push", "fcm:android-2"))
+        assert r2.fault == "config" and fcm_sim.token_grants == 1
     finally:
         await p.close()

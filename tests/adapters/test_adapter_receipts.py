@@ -46,14 +46,14 @@ def twilio_cb(status="delivered", sid="SM123", **extra):
     return params, twilio_signature("tok", CB_URL, params)
 
 
-async def test_verifier_twilio_accepts_then_rejects_replay_and_forgery():
+async def test_verifier_twilio_accepts_once_acknowledges_a_repeat_and_rejects_forgery():
     v = ReceiptVerifier(twilio_auth_token="tok")
     params, sig = twilio_cb()
     receipt = await v.twilio(CB_URL, params, sig)
     assert (receipt.provider, receipt.provider_msg_id, receipt.status) == ("twilio", "SM123", "DELIVERED")
-    with pytest.raises(ReceiptRejected) as e:
-        await v.twilio(CB_URL, params, sig)
-    assert e.value.reason == "replay"
+    # Twilio retries a callback whose answer it did not get, identical: taken already,
+    # acknowledged (None: nothing more to write), never refused
+    assert await v.twilio(CB_URL, params, sig) is None
     forged = {**params, "MessageStatus": "undelivered"}
     with pytest.raises(ReceiptRejected) as e:
         await v.twilio(CB_URL, forged, sig)
@@ -167,3 +167,87 @@ async def test_simulator_receipts_are_verified_end_to_end(twilio_sim, vendor_sim
     finally:
         await a.close()
         await b.close()
+
+
+# ------------------------------------------------------------------ issue 28: judged by twilio's RequestValidator
+
+TOKEN = "twilio-auth-token"
+FORM = {"MessageSid": "SM77", "SmsSid": "SM77", "MessageStatus": "delivered", "AccountSid": "AC1",
+        "To": "+14155550100", "From": "+15005550006"}
+
+
+def _variants():
+    """(name, URL the request arrived at, what the judge signs, the verifier call's arguments)."""
+    from twilio.request_validator import RequestValidator
+
+    judge = RequestValidator(TOKEN)
+    body = orjson.dumps({"MessageSid": "SM78", "MessageStatus": "undelivered", "ErrorCode": 30003})
+    json_url = CB_URL + "?bodySHA256=" + judge.compute_hash(body.decode())
+    return [
+        # a callback URL of ours with a query string: the signature covers it
+        ("query", CB_URL + "?tenant=acme&x=a%20b&x=c", judge.compute_signature(CB_URL + "?tenant=acme&x=a%20b&x=c", FORM),
+         "application/x-www-form-urlencoded", FORM, {}),
+        # Twilio called port 8443 but signed the URL without it
+        ("port", "https://notify.example:8443/v1/receipts/twilio",
+         judge.compute_signature("https://notify.example/v1/receipts/twilio", FORM),
+         "application/x-www-form-urlencoded", FORM, {}),
+        # SharedKey signing: HMAC-SHA256, named in X-Twilio-Webhooks-Signature-Settings
+        ("sha256", CB_URL, RequestValidator("shared-key-secret").compute_signature(CB_URL, FORM, "HMAC_SHA256"),
+         "application/x-www-form-urlencoded", FORM,
+         {"X-Twilio-Webhooks-Signature-Settings": "key=SK123,algorithm=HMAC_SHA256"}),
+        # the JSON variant: bodySHA256 in the URL, the signature over the URL alone
+        ("json", json_url, judge.compute_signature(json_url, {}), "application/json", body, {}),
+    ]
+
+
+def _judge_accepts(name, url, sig, params, extra) -> bool:
+    from twilio.request_validator import RequestValidator, get_signature_algorithm
+
+    secret = "shared-key-secret" if name == "sha256" else TOKEN
+    alg = get_signature_algorithm(extra.get("X-Twilio-Webhooks-Signature-Settings"))
+    return RequestValidator(secret).validate(url, params.decode() if isinstance(params, bytes) else params, sig, alg)
+
+
+@pytest.mark.parametrize("variant", ["query", "port", "sha256", "json"])
+async def test_twilio_callbacks_accepted_as_twilios_validator_accepts_them(variant):
+    from urllib.parse import urlencode
+
+    [(name, url, sig, ctype, params, extra)] = [v for v in _variants() if v[0] == variant]
+    assert _judge_accepts(name, url, sig, params, extra)  # the judge says it is Twilio's
+    v = ReceiptVerifier(twilio_auth_token=TOKEN, twilio_shared_keys={"SK123": "shared-key-secret"})
+    raw = params if isinstance(params, bytes) else urlencode(params).encode()
+    headers = {"X-Twilio-Signature": sig, **extra}
+    r = await v.twilio_request(url, ctype, raw, headers)
+    assert r is not None and r.provider == "twilio"
+    assert (r.provider_msg_id, r.status) == (("SM78", "UNDELIVERED") if name == "json" else ("SM77", "DELIVERED"))
+    # Twilio retries it, identical: acknowledged, nothing more to write
+    assert await v.twilio_request(url, ctype, raw, headers) is None
+    # the same callback signed with another token: the judge refuses it, so do we
+    from twilio.request_validator import RequestValidator
+
+    other = RequestValidator("another-token")
+    forged_sig = other.compute_signature(url if name != "port" else "https://notify.example/v1/receipts/twilio",
+                                         {} if name == "json" else params, "HMAC_SHA256" if name == "sha256" else None)
+    assert not _judge_accepts(name, url, forged_sig, params, extra)
+    with pytest.raises(ReceiptRejected) as e:
+        await ReceiptVerifier(twilio_auth_token=TOKEN, twilio_shared_keys={"SK123": "shared-key-secret"}).twilio_request(
+            url, ctype, raw, {**headers, "X-Twilio-Signature": forged_sig})
+    assert e.value.reason == "bad_signature"
+
+
+async def test_twilio_json_callback_body_must_match_its_hash():
+    [(_n, url, sig, ctype, body, _e)] = [v for v in _variants() if v[0] == "json"]
+    v = ReceiptVerifier(twilio_auth_token=TOKEN)
+    with pytest.raises(ReceiptRejected, match="bad_signature"):
+        await v.twilio_request(url, ctype, body.replace(b"undelivered", b"delivered"), {"X-Twilio-Signature": sig})
+
+
+async def test_twilio_shared_key_without_the_key_falls_back_to_the_auth_token_only():
+    from twilio.request_validator import RequestValidator
+
+    v = ReceiptVerifier(twilio_auth_token=TOKEN)  # no SharedKey configured
+    settings = {"X-Twilio-Webhooks-Signature-Settings": "key=SKunknown,algorithm=HMAC_SHA256"}
+    sig = RequestValidator(TOKEN).compute_signature(CB_URL, FORM, "HMAC_SHA256")
+    assert await v.twilio(CB_URL, FORM, sig, settings=settings["X-Twilio-Webhooks-Signature-Settings"])
+    with pytest.raises(ReceiptRejected, match="bad_signature"):
+        await v.twilio(CB_URL, FORM, sig, settings="key=SKx,algorithm=HMAC_MD5")

@@ -203,6 +203,19 @@ def test_counts_as_success():
         assert not counts_as_success(r)
 
 
+def test_counts_as_success_reads_whose_fault_it_was():
+    """Only provider-wide faults count: one device's 429 or one route's refusal says
+    the provider is healthy; our configuration's fault counts whatever the status."""
+    from adapters.base import Fault, SendResult
+
+    assert counts_as_success(SendResult(AttemptResult.RATE_LIMITED, "apns", fault=Fault.RECIPIENT))
+    assert counts_as_success(SendResult(AttemptResult.TRANSIENT_ERROR, "twilio", fault=Fault.ROUTE))
+    assert not counts_as_success(SendResult(AttemptResult.TRANSIENT_ERROR, "apns", fault=Fault.CONFIG))
+    assert not counts_as_success(SendResult(AttemptResult.PERMANENT_ERROR, "apns", fault=Fault.CONFIG))
+    assert not counts_as_success(SendResult(AttemptResult.RATE_LIMITED, "apns"))  # no fault said: the provider's
+    assert counts_as_success(SendResult(AttemptResult.ACCEPTED, "apns"))
+
+
 # ---------------------------------------------------------------- failover policy
 
 
@@ -214,6 +227,10 @@ def test_may_failover():
     assert not may_failover(AttemptResult.PERMANENT_ERROR)
     assert not may_failover(AttemptResult.ACCEPTED)
     assert not may_failover(None)
+    from adapters.base import Fault, SendResult
+
+    assert not may_failover(SendResult(AttemptResult.RATE_LIMITED, "apns", fault=Fault.RECIPIENT))  # the device waits
+    assert may_failover(SendResult(AttemptResult.TRANSIENT_ERROR, "twilio", fault=Fault.ROUTE))  # another route may
 
 
 def test_choose_provider(make_delivery):

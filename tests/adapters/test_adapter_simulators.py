@@ -101,9 +101,11 @@ async def test_inbox_and_registry(make_delivery):
         build_provider("twilio", {"account_sid": "AC", "auth_token": "x", "from_number": "+1", "bogus": 1})
     with pytest.raises(ValueError, match="unknown provider kind"):
         build_provider("pigeon", {})
-    w = build_provider("webhook", {"secret": "s", "allow": "127.0.0.1, 10.0.0.0/8"})
+    w = build_provider("webhook", {"secret": "whsec_c2VjcmV0LWtleQ==", "allow": "127.0.0.1, 10.0.0.0/8"})
     assert w.config.allow == ("127.0.0.1", "10.0.0.0/8") and w.name == "webhook"
     await w.close()
+    with pytest.raises(ValueError, match="whsec_"):  # a secret in another format fails at start, not per send
+        build_provider("webhook", {"secret": "not base64!"})
 
 
 def test_sim_state_is_bounded_for_long_demos():

@@ -1,18 +1,33 @@
-"""Webhook adapter: signing, the SSRF target guard, and the receiver simulator."""
+"""Webhook adapter: Standard Webhooks signing (judged by the ``standardwebhooks``
+library), the JSON body, the SSRF target guard, and the receiver simulator."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import base64
+import time
+from datetime import datetime, timezone
 
 import httpx
+import orjson
 import pytest
+from aiohttp import web
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from adapters.base import QueryStatus
-from adapters.webhook import TargetGuard, TargetRefused, WebhookConfig, WebhookProvider, sign, verify_signature
+from adapters.webhook import (
+    TargetGuard,
+    TargetRefused,
+    WebhookConfig,
+    WebhookProvider,
+    new_secret,
+    sign,
+    signing_key,
+    verify,
+)
 from pipeline.models import AttemptResult
 
 LOCAL = ("127.0.0.1",)
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks spec's example secret
 
 
 def _no_network(request: httpx.Request) -> httpx.Response:  # the guard must refuse before any connection
@@ -21,7 +36,7 @@ def _no_network(request: httpx.Request) -> httpx.Response:  # the guard must ref
 
 def guarded(allow=(), resolve=None) -> WebhookProvider:
     return WebhookProvider(
-        WebhookConfig(secret="s", allow=allow, timeout=1.0),
+        WebhookConfig(secret=SECRET, allow=allow, timeout=1.0),
         client=httpx.AsyncClient(transport=httpx.MockTransport(_no_network)),
         resolve=resolve,
     )
@@ -108,16 +123,115 @@ async def test_signed_post_reaches_receiver(webhook_sim, make_delivery):
         stored = webhook_sim.core.messages[d.delivery_id]
         assert stored["body"] == {"event": "order.shipped", "order": 42}
         h = {k.lower(): v for k, v in stored["headers"].items()}
+        assert h["webhook-id"] == d.delivery_id
+        # the judge: the Standard Webhooks library verifies what was sent
         raw = b'{"event":"order.shipped","order":42}'
-        expected = hmac.new(webhook_sim.secret.encode(), h["x-notify-timestamp"].encode() + b"." + raw, hashlib.sha256).hexdigest()
-        assert h["x-notify-signature"] == f"sha256={expected}"
-        assert h["x-notify-id"] == d.delivery_id
+        assert Webhook(webhook_sim.secret).verify(raw, h) == {"event": "order.shipped", "order": 42}
+        assert h["webhook-signature"].startswith("v1,")
+    finally:
+        await p.close()
+
+
+class PlainReceiver:
+    """A receiver as a customer writes one: aiohttp, the raw body kept, JSON parsed
+    with the standard library, the signature checked with ``standardwebhooks``."""
+
+    def __init__(self, secret: str) -> None:
+        self.webhook = Webhook(secret)
+        self.got: list[tuple[bytes, dict[str, str]]] = []
+        self.verified: list[object] = []
+        self.refused: list[str] = []
+        self.port = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        headers = dict(request.headers)
+        self.got.append((raw, headers))
+        try:
+            self.verified.append(self.webhook.verify(raw, headers))
+        except WebhookVerificationError as exc:
+            self.refused.append(str(exc))
+            return web.Response(status=401)
+        return web.Response(status=204)
+
+    async def __aenter__(self) -> "PlainReceiver":
+        app = web.Application()
+        app.router.add_post("/hook", self.handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._runner.cleanup()
+
+
+async def test_templated_webhook_arrives_as_an_object_and_verifies_with_standardwebhooks(make_delivery):
+    """Issue 28: the template renders JSON text; the receiver must get the object
+    (not a JSON string of it), signed so that ``standardwebhooks`` verifies it."""
+    from config.settings import load_settings
+    from pipeline.templates import Renderer
+
+    rendered = Renderer.from_settings(load_settings(env={})).render("order_shipped", 1, "webhook", "en", {
+        "order_no": "A1", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t"})
+    assert isinstance(rendered["body"], str)  # JSON text, as the renderer makes it
+    secret = new_secret()
+    async with PlainReceiver(secret) as receiver:
+        p = WebhookProvider(WebhookConfig(secret=secret, allow=LOCAL, timeout=2.0))
+        try:
+            d = make_delivery("webhook", f"http://127.0.0.1:{receiver.port}/hook", rendered)
+            r = await p.send(d)
+        finally:
+            await p.close()
+    assert r.result == AttemptResult.ACCEPTED, (r, receiver.refused)
+    [(raw, headers)] = receiver.got
+    body = orjson.loads(raw)
+    assert isinstance(body, dict) and body == orjson.loads(rendered["body"])
+    assert receiver.verified == [body]  # standardwebhooks: verified, and the same object
+    assert headers["webhook-id"] == d.delivery_id
+
+
+async def test_a_template_that_renders_invalid_json_is_refused_naming_it(webhook_sim, make_delivery):
+    p = provider_for(webhook_sim)
+    try:
+        d = make_delivery("webhook", webhook_sim.url("ok"), {"body": '{"type": "order_shipped",'})
+        r = await p.send(d)
+        assert r.result == AttemptResult.PERMANENT_ERROR and r.permanent_kind == "invalid_request"
+        assert r.error.startswith(f"bad_webhook_json: template {d.template}:"), r.error
+        assert webhook_sim.core.ledger_view(d.delivery_id) == []  # no call
+        # JSON text that is a string, a list or a number is sent as that JSON, once
+        d2 = make_delivery("webhook", webhook_sim.url("ok"), {"body": "[1, 2]"})
+        assert (await p.send(d2)).result == AttemptResult.ACCEPTED
+        assert webhook_sim.core.messages[d2.delivery_id]["body"] == [1, 2]
+    finally:
+        await p.close()
+
+
+async def test_replay_under_a_new_id_does_not_verify(webhook_sim, make_delivery):
+    """The id is signed: a captured request replayed with another webhook-id (to
+    slip past de-duplication) fails the receiver's check, the library's too."""
+    p = provider_for(webhook_sim)
+    try:
+        d = make_delivery("webhook", webhook_sim.url("ok"), {"body": {"n": 1}})
+        assert (await p.send(d)).result == AttemptResult.ACCEPTED
+        h = {k.lower(): v for k, v in webhook_sim.core.messages[d.delivery_id]["headers"].items()}
+        raw = b'{"n":1}'
+        replayed = {**h, "webhook-id": "n_other.webhook"}
+        with pytest.raises(WebhookVerificationError):
+            Webhook(webhook_sim.secret).verify(raw, replayed)
+        async with httpx.AsyncClient() as c:
+            resp = await c.post(webhook_sim.url("ok"), content=raw, headers={k: v for k, v in replayed.items()
+                                                                              if k.startswith("webhook-")})
+        assert resp.status_code == 401
+        assert webhook_sim.core.ledger_view("n_other.webhook")[0]["outcome"] == "bad_signature"
     finally:
         await p.close()
 
 
 async def test_wrong_secret_is_refused_by_receiver(webhook_sim, make_delivery):
-    p = provider_for(webhook_sim, secret="not-the-secret")
+    p = provider_for(webhook_sim, secret=new_secret())
     try:
         r = await p.send(make_delivery("webhook", webhook_sim.url("ok"), {"body": {}}))
         assert r.result == AttemptResult.PERMANENT_ERROR and r.error.startswith("401")
@@ -162,20 +276,31 @@ async def test_timeout_is_unknown_and_resend_is_flagged_duplicate(webhook_sim, m
         await p.close()
 
 
-def test_verify_signature():
+def test_sign_and_verify_agree_with_standardwebhooks():
     body = b'{"a":1}'
-    ts = 1_700_000_000
-    header = "sha256=" + sign("k", ts, body)
-    assert verify_signature("k", str(ts), body, header, now=ts + 10)
-    assert verify_signature(b"k", ts, body, "sha256=deadbeef, " + header, now=ts)  # rotation: any listed value
-    assert not verify_signature("k", ts, body + b" ", header, now=ts)  # tampered body
-    assert not verify_signature("other", ts, body, header, now=ts)  # wrong secret
-    assert not verify_signature("k", ts + 1, body, header, now=ts)  # timestamp not the signed one
-    assert not verify_signature("k", ts, body, header, now=ts + 301)  # stale
-    assert not verify_signature("k", ts, body, header, now=ts - 301)  # from the future
-    assert not verify_signature("k", "abc", body, header, now=ts)
-    assert not verify_signature("k", ts, body, None, now=ts)
-    assert not verify_signature("k", ts, body, "md5=" + sign("k", ts, body), now=ts)
+    ts = int(time.time())
+    lib = Webhook(SECRET)
+    ours = sign(SECRET, "msg_1", ts, body)
+    assert ours == lib.sign("msg_1", datetime.fromtimestamp(ts, tz=timezone.utc), body)  # byte for byte
+    assert signing_key(SECRET) == base64.b64decode(SECRET[len("whsec_"):])
+    headers = {"webhook-id": "msg_1", "webhook-timestamp": str(ts), "webhook-signature": ours}
+    assert verify(SECRET, body, headers, now=ts + 10)
+    assert lib.verify(body, headers) == {"a": 1}
+    rotated = {**headers, "webhook-signature": "v1,AAAA " + ours}  # several signatures, space-separated
+    assert verify(SECRET, body, rotated, now=ts) and lib.verify(body, rotated)
+    assert verify([new_secret(), SECRET], body, headers, now=ts)  # the receiver holds two secrets
+    assert not verify(SECRET, body + b" ", headers, now=ts)  # tampered body
+    assert not verify(new_secret(), body, headers, now=ts)  # wrong secret
+    assert not verify(SECRET, body, {**headers, "webhook-id": "msg_2"}, now=ts)  # the id is signed
+    assert not verify(SECRET, body, {**headers, "webhook-timestamp": str(ts + 1)}, now=ts)
+    assert not verify(SECRET, body, headers, now=ts + 301)  # stale
+    assert not verify(SECRET, body, headers, now=ts - 301)  # from the future
+    assert not verify(SECRET, body, {**headers, "webhook-timestamp": "abc"}, now=ts)
+    assert not verify(SECRET, body, {k: v for k, v in headers.items() if k != "webhook-signature"}, now=ts)
+    assert not verify(SECRET, body, {**headers, "webhook-signature": "v2," + ours[3:]}, now=ts)
+    assert new_secret().startswith("whsec_") and len(signing_key(new_secret())) == 32
+    with pytest.raises(ValueError):
+        signing_key("whsec_not base64!")
 
 
 async def test_https_pinned_to_checked_address_keeps_name_for_tls(profile, make_delivery):
