@@ -181,8 +181,9 @@ def _parse_params(items: list[str]) -> dict:
     return out
 
 
-async def _send_raw(url: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
-    """Write (key, value) pairs to a topic with the transport's producer."""
+async def _send_raw(url: str, topic: str, items: list[tuple[bytes, bytes]]) -> list:
+    """Write (key, value) pairs to a topic with the transport's producer; their metadata
+    (partition, offset) in order."""
     import faust
 
     settings = _settings()
@@ -190,7 +191,7 @@ async def _send_raw(url: str, topic: str, items: list[tuple[bytes, bytes]]) -> N
     await app.producer.start()
     try:
         futs = [await app.producer.send(topic, k, v, None, None, None) for k, v in items]
-        await asyncio.gather(*futs)
+        return list(await asyncio.gather(*futs))
     finally:
         await app.producer.stop()
         await app.transport.close()
@@ -259,6 +260,10 @@ def cmd_send(args) -> int:
     return 0
 
 
+#: how long ``--wait`` waits for the receipt of an ACCEPTED notification (a provider
+#: without receipts, or a deployment whose API the provider cannot reach, sends none)
+RECEIPT_WAIT_S = 5.0
+
 #: states after which a notification's record does not move without a receipt
 _SETTLED = ("DELIVERED", "UNDELIVERED", "FAILED", "FILTERED", "REVIEW", "SCHEDULED")
 
@@ -279,9 +284,14 @@ def _wait_final(settings, biz_key: str, timeout: float) -> int:
             await store.close()
 
     deadline, got = time.time() + timeout, []
+    receipt_by = None  # once every record is terminal: how long an ACCEPTED one waits for its receipt
     while time.time() < deadline:
         got = asyncio.run(rows())
         if got and all(r["status"] in _SETTLED for r in got):
+            break
+        if got and receipt_by is None and all(r["status"] in (*_SETTLED, "ACCEPTED") for r in got):
+            receipt_by = time.time() + RECEIPT_WAIT_S
+        if receipt_by is not None and time.time() >= receipt_by:
             break
         time.sleep(0.3)
     if not got:
@@ -292,6 +302,22 @@ def _wait_final(settings, biz_key: str, timeout: float) -> int:
         took = f" in {r['latency_ms']:.0f} ms" if r.get("latency_ms") is not None else ""
         print(f"{r['user_id']} {r['channel']} {r['status']}{why}{via}{took}")
     return 0 if all(r["status"] not in ("FAILED", "UNDELIVERED") for r in got) else 1
+
+
+def _wait_applied(url: str, written: list, timeout: float = 15.0) -> None:
+    """Until every running consumer group (the main and the priority role each keep a
+    copy of users' data) has committed past the entries ``written``, so the next
+    `notify send` finds the user as set; at most ``timeout`` seconds."""
+    from pipeline.transport.keys import Keys
+
+    keys, r = Keys(), _redis(url)
+    groups = [g for g in ("notify", "notify-priority") if r.exists(keys.lease(g, 0))]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if all(int(r.hget(keys.offsets(g), keys.tp_field(m.topic, m.partition)) or 0) > m.offset
+               for g in groups for m in written):
+            return
+        time.sleep(0.1)
 
 
 def cmd_user(args) -> int:
@@ -317,9 +343,11 @@ def cmd_user(args) -> int:
     except InvalidEvent as exc:
         raise CLIError(f"invalid user data: {exc.reason}: {exc}") from None
     url = broker_url(settings)
-    asyncio.run(_send_raw(url, "notify.preferences", [(args.id.encode(), orjson.dumps(prefs))]))
+    written = asyncio.run(_send_raw(url, "notify.preferences", [(args.id.encode(), orjson.dumps(prefs))]))
     if devices:
-        asyncio.run(_send_raw(url, "notify.devices", [(args.id.encode(), orjson.dumps(d)) for d in devices]))
+        written += asyncio.run(_send_raw(url, "notify.devices",
+                                         [(args.id.encode(), orjson.dumps(d)) for d in devices]))
+    _wait_applied(url, written)
     print(json.dumps({"user": args.id, "preferences": sorted(k for k in prefs if k not in ("user_id", "version")),
                       "devices": len(devices)}))
     return 0

@@ -112,7 +112,7 @@ def test_the_first_send_arrives_and_says_how(running):
     out = json.loads(notify(env, "user", "set", "first1", "--phone", "+15550001234", "--email", "f@example.com").stdout)
     assert out == {"user": "first1", "preferences": ["email", "phone"], "devices": 0}
     p = notify(env, "send", "--category", "otp", "--template", "otp", "--to", "first1", "--param", "code=123456",
-               "--wait", "5", timeout=60)
+               "--wait", "60", timeout=90)
     lines = p.stdout.strip().splitlines()
     assert json.loads(lines[0])["accepted"].startswith("cli:")
     assert len(lines) == 2 and lines[1].startswith("first1 sms ") and " ms" in lines[1], p.stdout
