@@ -1,0 +1,215 @@
+"""The benchmark of record: what a user runs. ``notify run`` as it starts by default
+(the priority process, a main worker per core, the simulators in a process of
+their own answering like providers: p50 ~30 ms, p99 ~300 ms, 1 in 1,000 calls
+hanging until the client's timeout, 1% errors, quotas), the real adapters, a
+campaign burst of N events (several recipients each, every channel) while OTPs
+arrive at 20/s throughout; then the same run with ``--providers fake`` (in-process
+fakes answering at once), for the ratio.
+
+    .venv/bin/python bench/real.py [--events 50000] [--otp-rate 20] [--markdown]
+
+Reported per run: notifications/s (records terminal or deferred over the time the
+last one took), OTP p50/p99/max from acceptance to the provider call and to the
+terminal state, per priority the share of records terminal within 60 s of
+acceptance (quiet-hours deferrals excluded), and CPU seconds per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline.cli import _send_raw  # noqa: E402
+from pipeline.topics import event_key  # noqa: E402
+
+TERMINAL = ("FILTERED", "ACCEPTED", "DELIVERED", "UNDELIVERED", "FAILED", "REVIEW", "SCHEDULED")
+
+
+def users(n: int) -> tuple[list, list]:
+    prefs, devs = [], []
+    for i in range(n):
+        u = f"r{i}"
+        prefs.append((u.encode(), orjson.dumps({"user_id": u, "version": 1, "phone": f"+1555{i:06d}9",
+                                                "email": f"r{i}@example.com"})))
+        devs.append((u.encode(), orjson.dumps({"user_id": u, "token": f"{i:064x}" if i % 2 else f"tok-{i}",
+                                               "platform": "apns" if i % 2 else "fcm", "op": "add"})))
+    return prefs, devs
+
+
+def campaign(start: int, n: int, n_users: int, rng: random.Random) -> list:
+    out = []
+    for i in range(start, start + n):
+        to = [f"r{rng.randrange(n_users)}" for _ in range(rng.choice([1, 2, 3, 5]))]
+        if i % 2:
+            ev = {"category": "marketing", "template": "promo", "channels": ["push", "email", "inbox"],
+                  "params": {"headline": "Sale", "discount": "20%", "url": "https://shop"}}
+        else:
+            ev = {"category": "transaction", "template": "order_shipped", "channels": ["sms", "email", "inbox", "push"],
+                  "params": {"order_no": f"A{i}", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t"}}
+        ev.update(biz_key=f"real:c:{i}", recipients=to, accepted_at=time.time())
+        out.append((event_key(ev["biz_key"], to), orjson.dumps(ev)))
+    return out
+
+
+def otp(i: int, n_users: int) -> tuple:
+    u = f"r{(i * 7919) % n_users}"
+    ev = {"biz_key": f"real:otp:{i}", "category": "otp", "template": "otp", "recipients": [u], "channels": ["sms"],
+          "params": {"code": f"{i % 1_000_000:06d}"}, "accepted_at": time.time()}
+    return event_key(ev["biz_key"], [u]), orjson.dumps(ev)
+
+
+def counts(db: Path) -> tuple[int, int]:
+    if not db.exists():
+        return 0, 0
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        return con.execute(f"SELECT count(*), sum(status IN ({','.join('?' * len(TERMINAL))})) FROM notify_record",
+                           TERMINAL).fetchone()
+    except sqlite3.OperationalError:
+        return 0, 0
+    finally:
+        con.close()
+
+
+def pct(xs: list, p: float) -> float:
+    return xs[min(len(xs) - 1, int(len(xs) * p))] if xs else float("nan")
+
+
+def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: float) -> dict:
+    data = Path(tempfile.mkdtemp(prefix=f"real-{providers}-"))
+    env = dict(os.environ, NOTIFY_DATA_DIR=str(data), PYTHONPATH=str(ROOT))
+    env.pop("REDIS_URL", None)
+    log = open(data / "run.log", "w")
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--metrics-port", "0", "--api-port",
+                            str(_free_port()), "--providers", providers], cwd=str(ROOT), env=env, stdout=log,
+                           stderr=subprocess.STDOUT)
+    try:
+        flag = data / "broker.url"
+        deadline = time.time() + 60
+        while not flag.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        url = flag.read_text().strip()
+        from pipeline.demo import _wait_ready
+
+        _wait_ready(url)
+        prefs, devs = users(n_users)
+        asyncio.run(_send_raw(url, "notify.preferences", prefs))
+        asyncio.run(_send_raw(url, "notify.devices", devs))
+        time.sleep(3)  # the profiles applied in both consumer groups
+        procs = {p.pid: p for p in psutil.Process(run.pid).children()}
+        cpu0 = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}
+        stop = threading.Event()
+        sent = [0]
+
+        def otps() -> None:  # 20/s throughout, as producers send them
+            i = 0
+            while not stop.is_set():
+                asyncio.run(_send_raw(url, "notify.events.high", [otp(i, n_users)]))
+                i += 1
+                sent[0] = i
+                stop.wait(1 / otp_rate)
+
+        t = threading.Thread(target=otps, daemon=True)
+        t0 = time.time()
+        t.start()
+        rng = random.Random(11)
+        for i in range(0, events, 5000):  # the burst, as fast as a producer writes it
+            asyncio.run(_send_raw(url, "notify.events", campaign(i, min(5000, events - i), n_users, rng)))
+        db = data / "records.db"
+        last, still = (0, 0), 0
+        while time.time() - t0 < timeout:
+            total, done = counts(db)
+            if total and (total, done) == last and done == total:
+                still += 1
+                if still >= 4:
+                    break
+            else:
+                still = 0
+            last = (total, done)
+            time.sleep(0.5)
+        stop.set()
+        t.join(5)
+        time.sleep(2)  # the last OTPs
+        elapsed = time.time() - t0
+        cpu = {f"{' '.join(p.cmdline()[2:])[:70]} [{pid}]": sum(p.cpu_times()[:2]) - cpu0.get(pid, 0)
+               for pid, p in procs.items() if p.is_running()}
+        return report(db, elapsed, cpu, providers)
+    finally:
+        run.send_signal(signal.SIGTERM)
+        try:
+            run.wait(60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+
+
+def report(db: Path, elapsed: float, cpu: dict, providers: str) -> dict:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    rows = con.execute("""SELECT r.priority, r.category, r.status, r.reason, r.accepted_at, r.latency_ms,
+                          (SELECT min(a.started_at) FROM attempts a WHERE a.delivery_id = r.delivery_id)
+                          FROM notify_record r""").fetchall()
+    con.close()
+    settled = [r for r in rows if r[2] in TERMINAL]
+    last = max((r[4] + (r[5] or 0) / 1000 for r in settled if r[4]), default=0)
+    first = min((r[4] for r in rows if r[4]), default=0)
+    otps = [r for r in rows if r[1] == "otp"]
+    to_call = sorted((r[6] - r[4]) * 1000 for r in otps if r[6] and r[4])
+    to_term = sorted(r[5] for r in otps if r[5] is not None and r[2] in ("ACCEPTED", "DELIVERED"))
+    within = {}
+    for prio in ("high", "normal", "low"):
+        mine = [r for r in rows if r[0] == prio and not (r[2] == "SCHEDULED")]
+        ok = [r for r in mine if r[2] in TERMINAL and r[5] is not None and r[5] <= 60_000]
+        within[prio] = (len(ok), len(mine))
+    return {"providers": providers, "records": len(rows), "rate": len(settled) / max(last - first, 1e-9),
+            "elapsed": elapsed, "otp_n": len(otps), "otp_call": (pct(to_call, .5), pct(to_call, .99), to_call[-1]
+                                                                 if to_call else float("nan")),
+            "otp_term": (pct(to_term, .5), pct(to_term, .99), to_term[-1] if to_term else float("nan")),
+            "within": within, "cpu": cpu}
+
+
+def _free_port() -> int:
+    from pipeline.embedded import free_port
+
+    return free_port()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=10_000)
+    ap.add_argument("--users", type=int, default=20_000)
+    ap.add_argument("--otp-rate", type=float, default=20.0)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    args = ap.parse_args()
+    results = [run(p, args.events, args.users, args.otp_rate, args.timeout) for p in ("simulators", "fake")]
+    print("| providers | records | notifications/s | OTPs | OTP → provider call p50 / p99 / max ms | "
+          "OTP → ACCEPTED/DELIVERED p50 / p99 / max ms | terminal ≤ 60 s high / normal / low |")
+    print("|---|---:|---:|---:|---|---|---|")
+    for r in results:
+        w = " / ".join(f"{100 * a / b:.1f}%" if b else "-" for a, b in r["within"].values())
+        print(f"| {r['providers']} | {r['records']:,} | {r['rate']:,.0f} | {r['otp_n']} | "
+              f"{r['otp_call'][0]:.0f} / {r['otp_call'][1]:.0f} / {r['otp_call'][2]:.0f} | "
+              f"{r['otp_term'][0]:.0f} / {r['otp_term'][1]:.0f} / {r['otp_term'][2]:.0f} | {w} |")
+    print(f"\nreal / fake throughput: {results[0]['rate'] / results[1]['rate']:.2f}")
+    for r in results:
+        print(f"\nCPU seconds per process ({r['providers']}):")
+        for name, s in sorted(r["cpu"].items(), key=lambda kv: -kv[1]):
+            print(f"  {s:7.1f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
