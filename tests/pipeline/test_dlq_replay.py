@@ -5,16 +5,14 @@ again is refused with the reason. Against a real worker and a real HTTP receiver
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import threading
 
 from aiohttp import web
 
-from pipeline.embedded import free_port
 from tests.cli.test_cli import ROOT, notify
 from tests.pipeline.harness import Pipeline
+from tests.pipeline.http_thread import serve
 from tests.transport.helpers import wait_until
 
 
@@ -22,24 +20,9 @@ class Receiver:
     """A webhook receiver that refuses (400) until ``fixed``."""
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.fixed = False
         self.calls = 0
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            app = web.Application()
-            app.router.add_post("/hook", self.hook)
-            runner = web.AppRunner(app)
-            self._loop.run_until_complete(runner.setup())
-            self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-            ready.set()
-            self._loop.run_forever()
-
-        threading.Thread(target=run, daemon=True).start()
-        assert ready.wait(10)
+        self.port = serve(web.post("/hook", self.hook))
 
     async def hook(self, request: web.Request) -> web.Response:
         await request.read()

@@ -12,8 +12,8 @@ import time
 import pytest
 from aiohttp import web
 
-from pipeline.embedded import free_port
 from tests.pipeline.harness import Pipeline
+from tests.pipeline.http_thread import serve
 from tests.transport.helpers import wait_until
 
 HANG_S = 4.0  # under the adapter's 5 s timeout: the call answers, late
@@ -25,14 +25,10 @@ class Receiver:
     """A webhook receiver that answers at once, except for one user's call."""
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.hang_open = False
         self.hang_started = threading.Event()
         self.calls = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-        assert self._ready.wait(10)
+        self.port = serve(web.post("/hook/{user}", self.hook))
 
     async def hook(self, request: web.Request) -> web.Response:
         await request.read()
@@ -45,16 +41,6 @@ class Receiver:
             finally:
                 self.hang_open = False
         return web.json_response({"ok": True})
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/hook/{user}", self.hook)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
 
     def url(self, user: str) -> str:
         return f"http://127.0.0.1:{self.port}/hook/{user}"

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from types import SimpleNamespace
 
-import orjson
 import pytest
 
 from pipeline.entries import contained
 from pipeline.topics import ALL, UNREAD
 from tests.pipeline.harness import PARTITIONS, Pipeline
+from tests.security.test_stream_fuzz import dead_letters
 from tests.transport.helpers import wait_until
 
 #: every topic an agent reads
@@ -36,13 +36,6 @@ def xadd_raw(r, topic: str, partition: int, fields: list) -> int:
     offset = r.incr(f"nfs:{{{topic}|{partition}}}:n") - 1
     r.xadd(f"nfs:{{{topic}|{partition}}}:s", dict(zip(fields[::2], fields[1::2])), id=f"{offset}-1")
     return offset
-
-
-def letters(r) -> list[dict]:
-    out = []
-    for p in range(PARTITIONS):
-        out += [orjson.loads(f[b"v"]) for _id, f in r.xrange(f"nfs:{{notify.dlq|{p}}}:s")]
-    return out
 
 
 @pytest.fixture
@@ -87,15 +80,15 @@ def test_malformed_entries_in_every_partition_are_dead_lettered_and_the_partitio
         assert proc.poll() is None, pipe.log()[-3000:]
         rows = pipe.rows()
         state["missing"] = sorted(k for k in want if rows.get(k, {}).get("status") != "DELIVERED")
-        state["letters"] = Counter((d["source"], d["reason"]) for d in letters(r))
-        return not state["missing"] and len(letters(r)) >= sum(expected.values()) + 1
+        state["letters"] = Counter((d["source"], d["reason"]) for d in dead_letters(r))
+        return not state["missing"] and len(dead_letters(r)) >= sum(expected.values()) + 1
 
     try:
         wait_until(settled, 90, 0.3, "good events delivered and every malformed entry dead-lettered")
     except AssertionError:
         raise AssertionError(f"not delivered: {state.get('missing')}; dead letters short: "
                              f"{expected - state.get('letters', Counter())}\n{pipe.log()[-3000:]}") from None
-    got = letters(r)
+    got = dead_letters(r)
     mal = [d for d in got if d["reason"] == "malformed_entry"]
     assert Counter((d["source"], d["reason"]) for d in mal) == expected
     assert {(d["source"], d["partition"], d["offset"]) for d in mal} == where
