@@ -162,6 +162,9 @@ def fingerprint(event: Event) -> str:
     return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+#: broker connections the API keeps at most (requests beyond wait for one)
+BROKER_POOL = 64
+
 #: statuses of refused events other than 400
 _STATUS = {"oversized": 413, "missing_params": 422}
 
@@ -262,7 +265,9 @@ class Api:
     # -- lifecycle ----------------------------------------------------------
 
     async def start(self) -> None:
-        self.client = await connect([self.broker_url])
+        # a bounded pool: under a burst of producers a request waits for a connection
+        # (up to 5 s, then 429 over_capacity) instead of opening one of its own
+        self.client = await connect([self.broker_url], pool_size=BROKER_POOL, pool_timeout=5.0)
         self.writer = TopicWriter(self.client, self.rkeys, self.settings.partitions)
         Path(os.path.abspath(self.store_path)).parent.mkdir(parents=True, exist_ok=True)
         self.store = await RecordStore(self.store_path).open()

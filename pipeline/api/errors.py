@@ -106,6 +106,14 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except Exception as exc:  # noqa: BLE001
         from pipeline.transport.client import TRANSIENT_ERRORS
 
+        if isinstance(exc, TRANSIENT_ERRORS) and "No connection available" in str(exc):
+            # every broker connection of the API's pool stayed busy for its timeout:
+            # ingest is over capacity, not down (redis-py's BlockingConnectionPool)
+            log.warning("over capacity: no broker connection free within the pool timeout")
+            return json_response(
+                error_body("over_capacity", "too many requests in flight; retry later"),
+                status=429, headers={"Retry-After": "1"},
+            )
         if isinstance(exc, TRANSIENT_ERRORS):
             log.warning("broker unavailable: %r", exc)
             return json_response(

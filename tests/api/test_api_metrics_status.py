@@ -11,6 +11,7 @@ import redis
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline import metrics as pm  # noqa: F401  (the worker metrics, registered in this process as in a worker)
 from pipeline.models import DeadLetter, Outcome
 from pipeline import ids
 from pipeline.store import RecordStore
