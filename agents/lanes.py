@@ -216,6 +216,7 @@ def make_lane(channel: str, priority: str):
         turn = turns_for(stream)
         slots = asyncio.Semaphore(window)
         running: dict[str, asyncio.Future] = {}
+        again: dict[str, list] = {}  # delivery id → copies of an entry in flight, read meanwhile
         failed: list[BaseException] = []
         inbox = InboxWriter()
 
@@ -230,11 +231,17 @@ def make_lane(channel: str, priority: str):
                     # zombie); its new owner reads the delivery again, so no call here
                     log.warning("lane %s: delivery %s fenced (partition lost), left to its new owner",
                                 name, d.delivery_id)
-                    await stream.ack(ev)
+                    running.pop(d.delivery_id, None)  # a copy read from now on is handled anew
+                    for e in (ev, *again.pop(d.delivery_id, ())):
+                        await stream.ack(e)
                     return
                 s = await contained_step(d, disp, fate_unknown)
                 await finish(d, s, ev.message.partition, inbox)
-                await stream.ack(ev)
+                # this entry, and any copy of it read while the call ran, is done (a copy
+                # read from now on finds the done mark: superseded)
+                running.pop(d.delivery_id, None)
+                for e in (ev, *again.pop(d.delivery_id, ())):
+                    await stream.ack(e)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # a transient error: the agent crashes, as it did
@@ -252,8 +259,14 @@ def make_lane(channel: str, priority: str):
                     await turn()
                     d: Delivery = ev.value
                     st = inflight.get(d.delivery_id)
-                    if superseded(st, d.attempt, d.replay) or d.delivery_id in running:
-                        await stream.ack(ev)  # superseded, done, or in flight here: a replay or duplicate
+                    if d.delivery_id in running:
+                        # a copy read while the call runs (read again after a rebalance's seek,
+                        # or a duplicate): acknowledged when the call is done, never before,
+                        # so the committed offset cannot pass an unfinished delivery
+                        again.setdefault(d.delivery_id, []).append(ev)
+                        continue
+                    if superseded(st, d.attempt, d.replay):
+                        await stream.ack(ev)  # superseded or done: a replay or duplicate
                         continue
                     # a free slot, then this delivery starts at once: it never waits for
                     # the rest of its take to find slots (that is, for the slowest call)
