@@ -220,7 +220,10 @@ def make_lane(channel: str, priority: str):
         failed: list[BaseException] = []
         inbox = InboxWriter()
 
+        holds = app.consumer.holds  # the committed offset stays below a call in flight
+
         async def call(ev, d: Delivery, disp, fate_unknown: bool, mark) -> None:
+            tp = ev.message.tp
             try:
                 try:
                     # the "calling" mark is durable before the call: wait for this write
@@ -234,6 +237,7 @@ def make_lane(channel: str, priority: str):
                     running.pop(d.delivery_id, None)  # a copy read from now on is handled anew
                     for e in (ev, *again.pop(d.delivery_id, ())):
                         await stream.ack(e)
+                    holds.release(tp, ev.message.offset)
                     return
                 s = await contained_step(d, disp, fate_unknown)
                 await finish(d, s, ev.message.partition, inbox)
@@ -246,9 +250,11 @@ def make_lane(channel: str, priority: str):
                 raise
             except BaseException as exc:  # a transient error: the agent crashes, as it did
                 failed.append(exc)
+                return  # the entry stays held: no commit passes it until the worker restarts
             finally:
                 running.pop(d.delivery_id, None)
                 slots.release()
+            holds.release(tp, ev.message.offset)
 
         try:
             async for events in take_ready(stream, window, ack=False):
@@ -273,6 +279,7 @@ def make_lane(channel: str, priority: str):
                     await slots.acquire()
                     fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
                                         and st.get("r", 0) == d.replay)
+                    holds.hold(ev.message.tp, ev.message.offset)
                     mark = put(inflight, ev.message.partition, d.delivery_id,
                                {"a": d.attempt, "s": "calling", "r": d.replay})
                     running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))

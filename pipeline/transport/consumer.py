@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 from .client import TRANSIENT_ERRORS
 from .compactor import Schedule, compact_partition
 from .drain import FastDrain
+from .holds import CommitHolds
 from .keys import after_id, offset_of
 from .ownership import SlotLeases
 from .priority import MAIN, PRIORITY, priority_topics
@@ -122,6 +123,8 @@ class Consumer(FastDrain, base.Consumer):
         self._reads: dict[str, dict[int, _Read]] = {}  # lane -> hash slot -> outstanding read
         self._batch_stamps: dict[str, tuple[int, int]] = {}  # lane -> (epoch, generation) of its last batch
         self._replaced: set[Any] = set()
+        #: offsets still being worked on (a lane's calls in flight): commits stop below them
+        self.holds = CommitHolds()
         opts = transport.options
         self._compaction = Schedule()
         self._horizons = Horizons(opts.keep_s)
@@ -663,9 +666,11 @@ class Consumer(FastDrain, base.Consumer):
         group = self.app.conf.id
         args: list[Any] = []
         n = 0
+        holds = self.holds
         for tp, offset in offsets.items():
             if tp not in self._assigned:
                 continue
+            offset = holds.cap(tp, offset)  # never past an entry whose work is in flight
             fence = self._commit_fence(tp)
             if fence is None:
                 log.warning("not committing %s: slot no longer owned", tp)
