@@ -308,10 +308,11 @@ def _wait_applied(url: str, written: list, timeout: float = 15.0) -> None:
     """Until every running consumer group (the main and the priority role each keep a
     copy of users' data) has committed past the entries ``written``, so the next
     `notify send` finds the user as set; at most ``timeout`` seconds."""
+    from pipeline.roles import GROUPS
     from pipeline.transport.keys import Keys
 
     keys, r = Keys(), _redis(url)
-    groups = [g for g in ("notify", "notify-priority") if r.exists(keys.lease(g, 0))]
+    groups = [g for g in GROUPS if r.exists(keys.lease(g, 0))]
     deadline = time.time() + timeout
     while time.time() < deadline:
         if all(int(r.hget(keys.offsets(g), keys.tp_field(m.topic, m.partition)) or 0) > m.offset

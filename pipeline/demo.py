@@ -122,13 +122,14 @@ def _wait_ready(url: str, timeout: float = 60.0) -> None:
     """Until both consumer groups of the default layout hold their slots (workers up)."""
     import redis
 
+    from pipeline.roles import GROUPS
     from pipeline.transport.keys import Keys
 
     keys, r = Keys(), redis.Redis.from_url(url.split("?")[0])
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:
-            if all(r.exists(keys.lease(g, 0)) for g in ("notify", "notify-priority")):
+            if all(r.exists(keys.lease(g, 0)) for g in GROUPS):
                 return
             time.sleep(0.2)
     finally:

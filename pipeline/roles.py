@@ -40,7 +40,7 @@ import os
 
 from .topics import DEVICES, PREFERENCES, PRIORITY
 
-__all__ = ["ROLE", "ROLES", "SHARED", "app_id", "runs", "offset_peers", "main_nice", "main_sched", "lower_priority"]
+__all__ = ["GROUPS", "ROLE", "ROLES", "SHARED", "app_id", "runs", "offset_peers", "main_nice", "main_sched", "lower_priority"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,10 @@ def runs(topic: str, role: str = ROLE) -> bool:
 def app_id(role: str = ROLE) -> str:
     """The Faust app id (= consumer group, and the prefix of the tables' changelogs)."""
     return "notify-priority" if role == "priority" else "notify"
+
+
+#: the consumer groups of the default layout (`notify run`): the main role's and the priority role's
+GROUPS = (app_id("main"), app_id("priority"))
 
 
 def offset_peers(role: str = ROLE) -> dict[str, tuple[str, ...]]:
