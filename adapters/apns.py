@@ -60,11 +60,13 @@ import jwt
 import orjson
 
 from pipeline.models import AttemptResult, Delivery, Priority
+from pipeline.rules.validate import PUSH_PLATFORMS
 
 from ._http import exception_result, make_client, response_json
 from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
 
-__all__ = ["ApnsConfig", "ApnsProvider", "apns_id_for", "apns_outcome", "collapse_id_for", "split_push_address", "unregistered_at"]
+__all__ = ["ApnsConfig", "ApnsProvider", "apns_id_for", "apns_outcome", "collapse_id_for", "split_push_address", "unregistered_at",
+           "wrong_platform"]
 
 #: namespace for apns-id = uuid5(NS, delivery_id)
 APNS_ID_NAMESPACE = uuid.UUID("6f1c2b1e-3c1a-5d7e-9a43-2f5b8e0c4d11")
@@ -146,11 +148,22 @@ def unregistered_at(body: dict[str, Any]) -> Optional[float]:
 
 
 def split_push_address(address: str) -> tuple[Optional[str], str]:
-    """``"apns:<token>"`` → ("apns", token); a bare token → (None, token)."""
+    """``"apns:<token>"`` → ("apns", token) (any of ``PUSH_PLATFORMS``: apns, fcm,
+    hms); a bare token → (None, token)."""
     platform, sep, token = address.partition(":")
-    if sep and platform in ("apns", "fcm"):
+    if sep and platform in PUSH_PLATFORMS:
         return platform, token
     return None, address
+
+
+def wrong_platform(provider: str, ours: str, platform: Optional[str], latency_ms: float = 0.0) -> SendResult:
+    """A token of another platform reached this provider (a push route without a
+    provider of that platform: the dispatcher then tries the route's providers in
+    order): PERMANENT_ERROR ``rejected``, never ``bad_token``: the token is good,
+    our route lacks its provider, so the device is kept."""
+    return SendResult(AttemptResult.PERMANENT_ERROR, provider, permanent_kind=PermanentKind.REJECTED,
+                      error=f"a {platform} token, and {provider} is a {ours} provider: no {platform} provider "
+                            f"on the push route", latency_ms=latency_ms)
 
 
 class ApnsProvider(Provider):
@@ -257,7 +270,9 @@ class ApnsProvider(Provider):
     async def send(self, delivery: Delivery) -> SendResult:
         sw = Stopwatch()
         platform, token = split_push_address(delivery.address)
-        if platform == "fcm" or not token:
+        if platform not in (None, "apns"):
+            return wrong_platform(self.name, "apns", platform, sw.ms)
+        if not token:
             return SendResult(
                 AttemptResult.PERMANENT_ERROR,
                 self.name,

@@ -79,6 +79,9 @@ class PermanentKind:
     TARGET_REFUSED = "target_refused"  #: webhook URL refused by the target guard
     GONE = "gone"  #: webhook receiver answered 410
     INVALID_REQUEST = "invalid_request"  #: payload rejected (too large, malformed, …)
+    #: the delivery's address is not one of its channel (a control character, a
+    #: space in a URL, …): refused before any call, never retried
+    BAD_ADDRESS = "bad_address"
     REJECTED = "rejected"  #: any other permanent refusal
 
 

@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from pipeline.models import Delivery
+from pipeline.models import AttemptResult, Delivery
+from pipeline.rules.validate import address_ok
 
-from .base import Fault, Provider, QueryResult, QueryStatus, SendResult
+from .base import Fault, PermanentKind, Provider, QueryResult, QueryStatus, SendResult
 from .resilience.breaker import CircuitBreaker, counts_as_success
 from .resilience.failover import choose_provider, may_failover
 from .resilience.token_bucket import TokenBucket
@@ -81,6 +82,15 @@ class Dispatcher:
         # push: the token's platform ("apns:<token>", "fcm:<token>") picks the provider
         order = self._order(delivery)
         rnd = SendRound()
+        if not address_ok(delivery.channel, delivery.address or ""):
+            # the same check as at the door (pipeline/rules/validate.py): an address that
+            # fails it (stored before the check was tightened, written straight to a
+            # topic) is refused here, before any provider sees it, and for good: no
+            # retry or failover makes it an address
+            name = order[0] if order else delivery.channel
+            rnd.results.append(SendResult(AttemptResult.PERMANENT_ERROR, name, permanent_kind=PermanentKind.BAD_ADDRESS,
+                                          error=f"bad_address: not an address for {delivery.channel}"))
+            return rnd
         tried: list[str] = []
         while True:
             name = choose_provider(order, self.breakers, delivery, reconciled=reconciled, avoid=tried)
@@ -111,7 +121,11 @@ class Dispatcher:
 
     def _order(self, delivery: Delivery) -> list[str]:
         order = self.routes.get(delivery.channel, [])
-        return [n for n in order if (delivery.address or "").startswith(n + ":")] or order
+        # the platform is the provider's kind when the config named it otherwise
+        # ("apns_prod": its ``platform`` is "apns", adapters/registry.py)
+        return [n for n in order
+                if (delivery.address or "").startswith((getattr(self.providers.get(n), "platform", None) or n) + ":")
+                ] or order
 
     async def query(self, delivery: Delivery) -> QueryResult:
         """Ask the provider that timed out (``unknown_provider``) or, when a call's

@@ -46,7 +46,7 @@ import orjson
 from pipeline.models import AttemptResult, Delivery, Priority
 
 from ._http import exception_result, make_client, response_json
-from .apns import split_push_address
+from .apns import split_push_address, wrong_platform
 from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
 
 __all__ = ["FcmConfig", "FcmProvider", "FCM_SCOPE", "JWT_BEARER_GRANT", "data_value", "fcm_error"]
@@ -203,7 +203,9 @@ class FcmProvider(Provider):
     async def send(self, delivery: Delivery) -> SendResult:
         sw = Stopwatch()
         platform, token = split_push_address(delivery.address)
-        if platform == "apns" or not token:
+        if platform not in (None, "fcm"):
+            return wrong_platform(self.name, "fcm", platform, sw.ms)
+        if not token:
             return SendResult(
                 AttemptResult.PERMANENT_ERROR,
                 self.name,

@@ -30,6 +30,16 @@ Schemes:
   ``X-Vendor-Signature: sha256=<hex HMAC-SHA256(secret, "<ts>.<body>")>``;
   timestamps further than ``tolerance`` (300 s) from now are rejected, and
   signatures are remembered for twice the tolerance (a repeat is ``replay``).
+  A receipt's own ``timestamp`` (when the message was delivered) is at most
+  ``receipt_max_age`` (7 days) old and ``receipt_max_ahead`` (300 s) ahead:
+  ``malformed``, the field named (a time in milliseconds would be the year 33658).
+
+The replay guard is keyed on what the signature *is*, never on how the header
+spells it: the HMAC we recompute (vendor: ``sha256=<hex>`` of the digest; Twilio:
+the base64 signature that matched), so " sha256= <HEX>" with blanks or capitals
+inside, which verifies, is the same callback, a replay. Every receipt carries
+the name of the scheme that verified it (``twilio`` / ``smsvendor``), never one
+from its body: the receipts agent applies it only to a delivery of that provider.
 
 The replay guard is an interface (:class:`ReplayGuard`): :class:`MemoryReplayGuard`
 is an in-process LRU; :class:`RedisReplayGuard` shares it across workers with
@@ -51,6 +61,7 @@ import orjson
 
 from pipeline.models import Receipt
 from pipeline.rules.validate import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
+from pipeline.rules.validate import id_problem
 
 from .base import header as _header
 
@@ -72,6 +83,7 @@ __all__ = [
     "verify_vendor_signature",
     "parse_twilio_callback",
     "parse_vendor_callback",
+    "parse_hms_receipts",
     "parse_form",
     "signature_settings",
     "body_sha256",
@@ -85,12 +97,27 @@ MAX_ERROR = 200
 
 
 class ReceiptRejected(Exception):
-    """A callback we refuse. ``reason``: bad_signature | stale | replay | malformed."""
+    """A callback we refuse. ``reason``: bad_signature | stale | replay | malformed;
+    ``field``: the body's field to blame, when one is (``timestamp``,
+    ``receipts[1].message_id``)."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", field: Optional[str] = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.field = field
+
+
+#: a receipt's own timestamp may be this old (a carrier retries for days) ...
+RECEIPT_MAX_AGE = 7 * 86400.0
+#: ... and this far ahead of our clock
+RECEIPT_MAX_AHEAD = 300.0
+
+
+def _msg_id_ok(value: str, field: str) -> None:
+    problem = id_problem(value)
+    if problem is not None:
+        raise ReceiptRejected("malformed", f"{field}: {problem}", field=field)
 
 
 # ---------------------------------------------------------------- replay guard
@@ -228,15 +255,24 @@ def _url_variants(url: str) -> list[str]:
     return variants
 
 
+def _twilio_match(
+    auth_token: str, url: str, params: Params, signature: Optional[str], algorithm: Optional[str] = None
+) -> Optional[str]:
+    """The signature we compute that ``signature`` equals (for one of the URL
+    variants), or None."""
+    if not signature or (algorithm or "HMAC_SHA1").upper() not in _TWILIO_HASHES:
+        return None
+    for u in _url_variants(url):
+        expected = twilio_signature(auth_token, u, params, algorithm)
+        if hmac.compare_digest(expected.encode(), signature.strip().encode()):
+            return expected
+    return None
+
+
 def verify_twilio_signature(
     auth_token: str, url: str, params: Params, signature: Optional[str], algorithm: Optional[str] = None
 ) -> bool:
-    if not signature or (algorithm or "HMAC_SHA1").upper() not in _TWILIO_HASHES:
-        return False
-    for u in _url_variants(url):
-        if hmac.compare_digest(twilio_signature(auth_token, u, params, algorithm).encode(), signature.strip().encode()):
-            return True
-    return False
+    return _twilio_match(auth_token, url, params, signature, algorithm) is not None
 
 
 def body_sha256(url: str) -> Optional[str]:
@@ -282,7 +318,8 @@ def parse_twilio_callback(params: Params, provider: str = "twilio", now: Optiona
     if not sid or not status:
         raise ReceiptRejected("malformed", "no MessageSid/MessageStatus")
     if len(sid) > MAX_MSG_ID:
-        raise ReceiptRejected("malformed", f"MessageSid longer than {MAX_MSG_ID}")
+        raise ReceiptRejected("malformed", f"MessageSid longer than {MAX_MSG_ID}", field="MessageSid")
+    _msg_id_ok(sid, "MessageSid")
     final = _TWILIO_FINAL.get(status)
     if final is None:
         return None
@@ -299,14 +336,20 @@ def vendor_signature_header(secret: str | bytes, timestamp: int | str, body: byt
     return "sha256=" + _hmac_sha256_hex(secret, timestamp, body)
 
 
-def verify_vendor_signature(secret: str | bytes, timestamp: Optional[str], body: bytes, header: Optional[str]) -> bool:
-    """Signature only (freshness is checked by the verifier against its clock)."""
+def _vendor_match(secret: str | bytes, timestamp: Optional[str], body: bytes, header: Optional[str]) -> Optional[str]:
+    """The hex HMAC we compute, when the header carries it; else None."""
     if not header or timestamp is None:
-        return False
+        return None
     scheme, _, value = header.strip().partition("=")
     if scheme != "sha256":
-        return False
-    return hmac.compare_digest(value.strip().lower(), _hmac_sha256_hex(secret, str(timestamp).strip(), body))
+        return None
+    expected = _hmac_sha256_hex(secret, str(timestamp).strip(), body)
+    return expected if hmac.compare_digest(value.strip().lower(), expected) else None
+
+
+def verify_vendor_signature(secret: str | bytes, timestamp: Optional[str], body: bytes, header: Optional[str]) -> bool:
+    """Signature only (freshness is checked by the verifier against its clock)."""
+    return _vendor_match(secret, timestamp, body, header) is not None
 
 
 _VENDOR_FINAL = {
@@ -318,27 +361,38 @@ _VENDOR_FINAL = {
 }
 
 
-def parse_vendor_callback(body: bytes | str | Mapping[str, Any] | list, provider: str = "smsvendor", now: Optional[float] = None) -> list[Receipt]:
+def parse_vendor_callback(
+    body: bytes | str | Mapping[str, Any] | list, provider: str = "smsvendor", now: Optional[float] = None,
+    *, max_age: Optional[float] = None, max_ahead: Optional[float] = None,
+) -> list[Receipt]:
     """``{"message_id", "status", "error"?, "timestamp"?}``, a list of them or
-    ``{"receipts": [...]}`` → Receipts (non-final statuses are skipped)."""
+    ``{"receipts": [...]}`` → Receipts (non-final statuses are skipped).
+
+    With ``max_age`` / ``max_ahead`` (seconds; the verifier passes them), a
+    ``timestamp`` older than ``now - max_age`` or later than ``now + max_ahead``
+    is ``malformed`` with its field named."""
     if isinstance(body, (bytes, str)):
         try:
             body = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise ReceiptRejected("malformed", f"json: {exc}") from None
     items: Iterable[Any]
+    where: Callable[[int], str]
     if isinstance(body, Mapping) and "receipts" in body:
         items = body["receipts"]
         if not isinstance(items, list):
-            raise ReceiptRejected("malformed", "receipts is not a list")
+            raise ReceiptRejected("malformed", "receipts is not a list", field="receipts")
+        where = lambda i: f"receipts[{i}]."  # noqa: E731
     elif isinstance(body, Mapping):
         items = [body]
+        where = lambda i: ""  # noqa: E731
     elif isinstance(body, list):
         items = body
+        where = lambda i: f"[{i}]."  # noqa: E731
     else:
         raise ReceiptRejected("malformed", "not an object or a list")
     out: list[Receipt] = []
-    for item in items:
+    for i, item in enumerate(items):
         if not isinstance(item, Mapping) or not item.get("message_id") or not item.get("status"):
             raise ReceiptRejected("malformed", "receipt without message_id/status")
         msg_id, status = item["message_id"], item["status"]
@@ -346,15 +400,21 @@ def parse_vendor_callback(body: bytes | str | Mapping[str, Any] | list, provider
             raise ReceiptRejected("malformed", "message_id is not a string")
         msg_id = str(msg_id).strip()
         if len(msg_id) > MAX_MSG_ID:
-            raise ReceiptRejected("malformed", f"message_id longer than {MAX_MSG_ID}")
+            raise ReceiptRejected("malformed", f"message_id longer than {MAX_MSG_ID}", field=where(i) + "message_id")
+        _msg_id_ok(msg_id, where(i) + "message_id")
         if not isinstance(status, str):
             raise ReceiptRejected("malformed", "status is not a string")
         final = _VENDOR_FINAL.get(status.lower())
         if final is None:
             continue
         at_f = _unix_time(item.get("timestamp"))
+        ref = time.time() if now is None else now
         if at_f is None:
-            at_f = time.time() if now is None else now
+            at_f = ref
+        elif (max_age is not None and at_f < ref - max_age) or (max_ahead is not None and at_f > ref + max_ahead):
+            raise ReceiptRejected(
+                "malformed", f"timestamp {at_f:.0f} is not within {max_age or 0:.0f} s before and "
+                f"{max_ahead or 0:.0f} s after now (unix seconds)", field=where(i) + "timestamp")
         error = item.get("error")
         if error is not None and (isinstance(error, bool) or not isinstance(error, (str, int, float))):
             raise ReceiptRejected("malformed", "error is not a string")
@@ -376,6 +436,65 @@ def _unix_time(value: Any) -> Optional[float]:
     return t if math.isfinite(t) and t >= 0 else None
 
 
+#: Huawei Push Kit receipt states (developer.huawei.com/consumer/cn/doc/development/HMS-Guides/push-receipt):
+#: 0 is delivered, 27 (a data message cached on the device until the app runs) is not final
+HMS_RECEIPT_STATES = {
+    2: "app not installed", 5: "token not of the device's current user", 6: "notifications not shown",
+    10: "inactive device (30 days without Push Kit)", 15: "offline message replaced (collapse_key)",
+    102: "dropped by the per-device frequency control", 201: "held by Push Kit (send control)",
+}
+HMS_NOT_FINAL = frozenset({27})
+
+
+def parse_hms_receipts(
+    body: bytes | str | Mapping[str, Any], provider: str = "hms", now: Optional[float] = None,
+    *, max_age: Optional[float] = None, max_ahead: Optional[float] = None,
+) -> list[Receipt]:
+    """A Huawei Push Kit receipt callback, ``{"statuses": [{"biTag", "appid", "token",
+    "status", "timestamp" (ms), "requestId"}, ...]}`` (at most 100 a callback) →
+    Receipts keyed by ``requestId`` (the ``provider_msg_id`` of the send): status 0
+    DELIVERED, 27 skipped, any other UNDELIVERED with its meaning as the error.
+    Only the body: the ``X-HUAWEI-CALLBACK-ID`` header (HMAC-SHA256 over timestamp,
+    nonce and user name, not over the body) is for the endpoint to check."""
+    if isinstance(body, (bytes, str)):
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ReceiptRejected("malformed", f"json: {exc}") from None
+    items = body.get("statuses") if isinstance(body, Mapping) else None
+    if not isinstance(items, list):
+        raise ReceiptRejected("malformed", "statuses is not a list", field="statuses")
+    ref = time.time() if now is None else now
+    out: list[Receipt] = []
+    for i, item in enumerate(items):
+        where = f"statuses[{i}]."
+        if not isinstance(item, Mapping):
+            raise ReceiptRejected("malformed", "a status is not an object", field=where[:-1])
+        msg_id, state = item.get("requestId"), item.get("status")
+        if isinstance(msg_id, bool) or not isinstance(msg_id, (str, int)) or not str(msg_id).strip():
+            raise ReceiptRejected("malformed", "requestId is not a string", field=where + "requestId")
+        msg_id = str(msg_id).strip()
+        if len(msg_id) > MAX_MSG_ID:
+            raise ReceiptRejected("malformed", f"requestId longer than {MAX_MSG_ID}", field=where + "requestId")
+        _msg_id_ok(msg_id, where + "requestId")
+        if isinstance(state, bool) or not isinstance(state, (int, str)) or not str(state).strip().isdigit():
+            raise ReceiptRejected("malformed", "status is not a number", field=where + "status")
+        state = int(str(state).strip())
+        if state in HMS_NOT_FINAL:
+            continue
+        ms = _unix_time(item.get("timestamp"))
+        at = ms / 1000.0 if ms is not None else ref
+        if (max_age is not None and at < ref - max_age) or (max_ahead is not None and at > ref + max_ahead):
+            raise ReceiptRejected("malformed", f"timestamp {at:.0f} is not within {max_age or 0:.0f} s before and "
+                                  f"{max_ahead or 0:.0f} s after now (unix milliseconds)", field=where + "timestamp")
+        if state == 0:
+            out.append(Receipt(provider=provider, provider_msg_id=msg_id, status="DELIVERED", at=at))
+        else:
+            error = f"hms {state}: {HMS_RECEIPT_STATES.get(state, 'not delivered')}"[:MAX_ERROR]
+            out.append(Receipt(provider=provider, provider_msg_id=msg_id, status="UNDELIVERED", at=at, error=error))
+    return out
+
+
 # ---------------------------------------------------------------- verifier
 
 
@@ -394,7 +513,24 @@ class ReceiptVerifier:
         twilio_provider: str = "twilio",
         vendor_provider: str = "smsvendor",
         twilio_shared_keys: Optional[Mapping[str, str]] = None,
+        receipt_max_age: float = RECEIPT_MAX_AGE,
+        receipt_max_ahead: float = RECEIPT_MAX_AHEAD,
+        sendgrid_public_key: Optional[str] = None,
+        sendgrid_provider: str = "sendgrid",
+        sns_topic_arns: Sequence[str] = (),
+        sns_cert_urls: Sequence[str] = (),
+        sns_certs: Any = None,
+        ses_provider: str = "ses",
     ) -> None:
+        # e-mail events (adapters/receipts_email.py): SendGrid's verification key (base64
+        # DER or PEM); the SNS topics whose SES notifications are taken, extra certificate
+        # URL prefixes (a simulator), the certificate cache (default: the process's)
+        self.sendgrid_public_key = sendgrid_public_key
+        self.sendgrid_provider = sendgrid_provider
+        self.sns_topic_arns = tuple(sns_topic_arns)
+        self.sns_cert_urls = tuple(sns_cert_urls)
+        self.sns_certs = sns_certs
+        self.ses_provider = ses_provider
         self.twilio_auth_token = twilio_auth_token
         #: SharedKey id → secret, for callbacks signed with a SharedKey
         #: (``X-Twilio-Webhooks-Signature-Settings: key=<id>,…``)
@@ -406,6 +542,8 @@ class ReceiptVerifier:
         self._now = now
         self.twilio_provider = twilio_provider
         self.vendor_provider = vendor_provider
+        self.receipt_max_age = receipt_max_age
+        self.receipt_max_ahead = receipt_max_ahead
 
     def _twilio_secret(self, settings: Optional[str]) -> tuple[str, str]:
         """The secret and algorithm a callback names (``X-Twilio-Webhooks-Signature-Settings``):
@@ -419,10 +557,12 @@ class ReceiptVerifier:
             raise ReceiptRejected("bad_signature", f"unsupported signature algorithm {algorithm[:40]!r}")
         return secret, algorithm
 
-    async def _first(self, signature: Optional[str]) -> bool:
-        """Is this signed callback new? An identical one again (Twilio retries a
-        callback whose answer it did not get) is acknowledged, not written again."""
-        key = "twilio:" + hashlib.sha256((signature or "").strip().encode()).hexdigest()
+    async def _first(self, signature: str) -> bool:
+        """Is this signed callback new? ``signature``: the one we computed and the
+        callback's matched (so however its header was spelled, one callback is one
+        key). An identical one again (Twilio retries a callback whose answer it
+        did not get) is acknowledged, not written again."""
+        key = "twilio:" + hashlib.sha256(signature.encode()).hexdigest()
         return await self.guard.first_seen(key, self.twilio_replay_ttl)
 
     async def twilio(
@@ -437,10 +577,11 @@ class ReceiptVerifier:
         SharedKey). Returns the receipt, or None for a non-final status and for
         an identical callback seen before (already taken: answer 200)."""
         secret, algorithm = self._twilio_secret(settings)
-        if not verify_twilio_signature(secret, url, params, signature, algorithm):
+        matched = _twilio_match(secret, url, params, signature, algorithm)
+        if matched is None:
             raise ReceiptRejected("bad_signature", "X-Twilio-Signature mismatch")
         receipt = parse_twilio_callback(params, self.twilio_provider, now=self._now())
-        if not await self._first(signature):
+        if not await self._first(matched):
             return None
         return receipt
 
@@ -454,12 +595,13 @@ class ReceiptVerifier:
         if expected is None:
             raise ReceiptRejected("bad_signature", "a JSON callback without bodySHA256")
         secret, algorithm = self._twilio_secret(settings)
-        if not verify_twilio_signature(secret, url, [], signature, algorithm):
+        matched = _twilio_match(secret, url, [], signature, algorithm)
+        if matched is None:
             raise ReceiptRejected("bad_signature", "X-Twilio-Signature mismatch")
         if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(), expected.strip().lower().encode()):
             raise ReceiptRejected("bad_signature", "bodySHA256 does not match the body")
         receipt = parse_twilio_callback(_json_params(body), self.twilio_provider, now=self._now())
-        if not await self._first(signature):
+        if not await self._first(matched):
             return None
         return receipt
 
@@ -481,14 +623,102 @@ class ReceiptVerifier:
         """``timestamp``/``signature``: the X-Vendor-Timestamp / X-Vendor-Signature headers."""
         if self.vendor_secret is None:
             raise ReceiptRejected("bad_signature", "no vendor secret configured")
-        if not verify_vendor_signature(self.vendor_secret, timestamp, body, signature):
+        digest = _vendor_match(self.vendor_secret, timestamp, body, signature)
+        if digest is None:
             raise ReceiptRejected("bad_signature", "X-Vendor-Signature mismatch")
         ts = _unix_time(str(timestamp).strip())
         if ts is None:  # "nan" would pass any comparison: never a valid time
             raise ReceiptRejected("malformed", "timestamp is not a unix time")
         if abs(self._now() - ts) > self.tolerance:
             raise ReceiptRejected("stale", f"timestamp {ts:.0f} outside ±{self.tolerance:.0f}s")
-        key = "vendor:" + (signature or "").strip().lower()
+        # the digest we computed, not the header's spelling: " sha256= <HEX> " is the same callback
+        key = "vendor:sha256=" + digest
+        receipts = parse_vendor_callback(body, self.vendor_provider, now=self._now(),
+                                         max_age=self.receipt_max_age, max_ahead=self.receipt_max_ahead)
         if not await self.guard.first_seen(key, 2 * self.tolerance):
             raise ReceiptRejected("replay", "signature seen before")
-        return parse_vendor_callback(body, self.vendor_provider, now=self._now())
+        return receipts
+
+    async def sendgrid(self, body: bytes, signature: Optional[str], timestamp: Optional[str]) -> list[Receipt]:
+        """SendGrid's signed Event Webhook: ``signature`` / ``timestamp`` are the
+        X-Twilio-Email-Event-Webhook-Signature / -Timestamp headers (ECDSA P-256 over
+        timestamp + body, :func:`adapters.receipts_email.verify_sendgrid_signature`).
+        A timestamp further than ``tolerance`` from now is ``stale``; the same signed
+        payload again is acknowledged (``[]``) and not written twice."""
+        from .receipts_email import parse_sendgrid_events, verify_sendgrid_signature
+
+        if not self.sendgrid_public_key:
+            raise ReceiptRejected("bad_signature", "no SendGrid verification key configured")
+        try:
+            ok = verify_sendgrid_signature(self.sendgrid_public_key, body, signature, timestamp)
+        except ValueError as exc:  # the configured key is not an EC public key
+            raise ReceiptRejected("bad_signature", f"SendGrid verification key: {exc}") from None
+        if not ok:
+            raise ReceiptRejected("bad_signature", "X-Twilio-Email-Event-Webhook-Signature mismatch")
+        ts = _unix_time(str(timestamp).strip())
+        if ts is None:
+            raise ReceiptRejected("malformed", "timestamp is not a unix time")
+        if abs(self._now() - ts) > self.tolerance:
+            raise ReceiptRejected("stale", f"timestamp {ts:.0f} outside ±{self.tolerance:.0f}s")
+        receipts = parse_sendgrid_events(body, self.sendgrid_provider, now=self._now(),
+                                         max_age=self.receipt_max_age, max_ahead=self.receipt_max_ahead)
+        # what was signed, not the signature (ECDSA signatures differ for the same payload)
+        key = "sendgrid:" + hashlib.sha256(str(timestamp).strip().encode() + b"." + body).hexdigest()
+        if not await self.guard.first_seen(key, 2 * self.tolerance):
+            return []
+        return receipts
+
+    async def sns(self, body: bytes) -> list[Receipt]:
+        """An Amazon SNS message (an HTTPS subscription of a topic SES publishes to),
+        verified (:func:`adapters.receipts_email.verify_sns_signature`; the topic must
+        be one of ``sns_topic_arns``). A SubscriptionConfirmation is confirmed (its
+        SubscribeURL fetched) and gives ``[]``; a Notification gives the receipt of the
+        SES event inside; the same MessageId again is acknowledged (``[]``)."""
+        from .receipts_email import (DEFAULT_CERTS, SNS_TYPES, parse_ses_event, sns_url_allowed,
+                                     verify_sns_signature)
+
+        try:
+            msg = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ReceiptRejected("malformed", f"json: {exc}") from None
+        if not isinstance(msg, dict) or msg.get("Type") not in SNS_TYPES:
+            raise ReceiptRejected("malformed", "not an SNS message (Type)", field="Type")
+        topic = msg.get("TopicArn")
+        if not self.sns_topic_arns:
+            raise ReceiptRejected("bad_signature", "no SNS topic configured (sns_topic_arns)")
+        if topic not in self.sns_topic_arns:
+            raise ReceiptRejected("bad_signature", "TopicArn is not a configured topic")
+        await verify_sns_signature(msg, self.sns_certs or DEFAULT_CERTS, self.sns_cert_urls)
+        if msg["Type"] == "UnsubscribeConfirmation":
+            return []
+        if msg["Type"] == "SubscriptionConfirmation":
+            url = msg.get("SubscribeURL")
+            if not sns_url_allowed(url, self.sns_cert_urls, pem=False):
+                raise ReceiptRejected("bad_signature", "SubscribeURL is not an https URL of sns.<region>.amazonaws.com")
+            try:
+                await (self.sns_certs or DEFAULT_CERTS).fetch(str(url))
+            except Exception as exc:  # noqa: BLE001 - SNS sends the confirmation again
+                raise ReceiptRejected("malformed", f"confirming the subscription: {type(exc).__name__}: {exc}"[:200]) \
+                    from None
+            return []
+        ts = _iso_time(msg.get("Timestamp"))
+        if ts is None:
+            raise ReceiptRejected("malformed", "Timestamp is not an ISO 8601 time", field="Timestamp")
+        if ts < self._now() - self.receipt_max_age or ts > self._now() + self.receipt_max_ahead:
+            raise ReceiptRejected("stale", f"Timestamp {msg.get('Timestamp')!s:.40} is too old or ahead")
+        receipts = parse_ses_event(msg.get("Message") or "", self.ses_provider, now=self._now(),
+                                   max_age=self.receipt_max_age, max_ahead=self.receipt_max_ahead)
+        if not await self.guard.first_seen("sns:" + str(msg.get("MessageId")), self.twilio_replay_ttl):
+            return []
+        return receipts
+
+
+def _iso_time(value: Any) -> Optional[float]:
+    from datetime import datetime
+
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

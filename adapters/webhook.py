@@ -31,14 +31,30 @@ are not followed: a redirect could point inside our network).
 
 Target guard (SSRF): the host is resolved with ``getaddrinfo`` and *every*
 address must be public (not private, loopback, link-local, multicast,
-reserved, unspecified, shared/CGNAT, site-local, or an IPv4-mapped/6to4
-disguise of one), unless the host name or a CIDR containing the address is in
-``allow``. Otherwise → PERMANENT_ERROR ``target_refused``. The connection is
-then pinned to the checked address (``Host`` header and TLS SNI keep the
-name), so a DNS answer that changes between check and connect (DNS
-rebinding) cannot redirect the request. A developer testing a receiver on
-this machine allows it explicitly: ``WebhookConfig(allow=("127.0.0.1", "::1"))``
-(``allow = "127.0.0.1,::1"`` in a provider's plain config).
+reserved, unspecified, shared/CGNAT, site-local, or a disguise of one:
+IPv4-mapped, 6to4, Teredo, NAT64 ``64:ff9b::/96``), unless
+``allow`` names it. Every spelling of an address is resolved to the same IP
+first (``localhost`` and names from /etc/hosts, ``2130706433``, ``0177.0.0.1``,
+``0x7f.1``, ``[::ffff:127.0.0.1]`` … all end up as the address the system
+resolver gives), so the check is on the IP, never on the spelling. Otherwise →
+PERMANENT_ERROR ``target_refused``. The connection is then pinned to the
+checked address (``Host`` header and TLS SNI keep the name), so a DNS answer
+that changes between check and connect (DNS rebinding) cannot redirect the
+request. An address that is not a URL we can call at all (whitespace or a
+control character in it, a host that is not a host name) → PERMANENT_ERROR
+``bad_address``, never a retry.
+
+``allow`` entries: a host name (``hooks.internal``: trusted whatever it
+resolves to), a CIDR or an address (``10.1.0.0/16``, ``127.0.0.1``: any port),
+or an *endpoint*, an address with a port (``127.0.0.1:8123``, ``[::1]:8123``:
+that port of that address only, the URL's port must be it). The provider
+simulators' receiver is allowed as its endpoint only, so in the default setup
+(``notify run`` with the simulators) a user's webhook URL can reach the
+simulator and no other port of this machine: not the broker, not the API, not
+the other simulators' control endpoints. A developer testing a receiver on
+this machine allows it explicitly: ``WebhookConfig(allow=("127.0.0.1:9000",))``
+(``allow = "127.0.0.1:9000"`` in a provider's plain config;
+``NOTIFY_WEBHOOK_ALLOW=127.0.0.1:9000`` for the simulators' setup).
 
 Webhooks have no status query: :meth:`query` answers ``supported=False``.
 """
@@ -71,6 +87,7 @@ __all__ = [
     "WebhookProvider",
     "TargetGuard",
     "TargetRefused",
+    "BadAddress",
     "BadPayload",
     "new_secret",
     "signing_key",
@@ -78,6 +95,8 @@ __all__ = [
     "signed_headers",
     "verify",
     "payload",
+    "endpoint_of",
+    "allowlist",
 ]
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -187,6 +206,13 @@ class TargetRefused(Exception):
     """The webhook URL points somewhere we refuse to call."""
 
 
+class BadAddress(ValueError):
+    """The webhook URL is not a URL we can call at all (a permanent failure)."""
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the last 32 bits are an IPv4 address
+
+
 def _unwrap(ip: IPAddress) -> IPAddress:
     if isinstance(ip, ipaddress.IPv6Address):
         if ip.ipv4_mapped is not None:
@@ -195,6 +221,8 @@ def _unwrap(ip: IPAddress) -> IPAddress:
             return ip.sixtofour
         if ip.teredo is not None:
             return ip.teredo[1]
+        if ip in _NAT64:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return ip
 
 
@@ -225,42 +253,96 @@ async def _default_resolve(host: str, port: int) -> list[str]:
     return [info[4][0] for info in infos]
 
 
+def _endpoint(entry: str) -> Optional[tuple[IPAddress, int]]:
+    """``"127.0.0.1:8123"`` / ``"[::1]:8123"`` → (address, port); None for anything else."""
+    if entry.startswith("["):
+        addr, sep, port = entry[1:].partition("]:")
+    elif entry.count(":") == 1:
+        addr, sep, port = entry.partition(":")
+    else:
+        return None
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    try:
+        return ipaddress.ip_address(addr), int(port)
+    except ValueError:
+        return None
+
+
+def _host_of(parts: Any) -> str:
+    """The URL's host, lower case, no trailing dot; BadAddress when it is no host
+    we could resolve (empty, whitespace or a control character, not IDNA-encodable)."""
+    host = (parts.hostname or "").lower().rstrip(".")
+    if not host:
+        raise BadAddress("no host")
+    if any(c.isspace() or ord(c) < 32 or 127 <= ord(c) < 160 for c in host):
+        raise BadAddress("a control character or a space in the host")
+    if not host.startswith("[") and ":" not in host:
+        try:
+            host.encode("idna")
+        except UnicodeError as exc:
+            raise BadAddress(f"not a host name: {exc}") from None
+    return host
+
+
 @dataclass
 class TargetGuard:
-    """Decides whether a URL may be called. ``allow`` holds host names and/or
-    CIDRs (``"127.0.0.1"``, ``"10.1.0.0/16"``, ``"hooks.internal.example"``)."""
+    """Decides whether a URL may be called. ``allow`` holds host names, CIDRs /
+    addresses (any port) and endpoints (``"127.0.0.1:8123"``, ``"[::1]:8123"``:
+    that port only); see the module doc."""
 
     allow: Sequence[str] = ()
     resolve: Callable[[str, int], Any] = _default_resolve
     _hosts: set[str] = field(init=False, default_factory=set)
     _nets: list[Any] = field(init=False, default_factory=list)
+    _endpoints: set[tuple[Any, int]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
-        for entry in self.allow:
+        self.allow = tuple(self.allow)
+        self._add(self.allow)
+
+    def _add(self, entries: Iterable[str]) -> None:
+        for entry in entries:
+            entry = entry.strip()
+            if not entry:
+                continue
+            ep = _endpoint(entry)
+            if ep is not None:
+                self._endpoints.add(ep)
+                continue
             try:
-                self._nets.append(ipaddress.ip_network(entry, strict=False))
+                self._nets.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
             except ValueError:
                 self._hosts.add(entry.lower().rstrip("."))
 
-    def _allowed(self, ip: IPAddress) -> bool:
-        return any(ip.version == n.version and ip in n for n in self._nets)
+    def extend(self, entries: Iterable[str]) -> None:
+        """Allow these entries too (an operator's explicit opt-in)."""
+        entries = tuple(e.strip() for e in entries if e.strip())
+        self.allow = tuple(self.allow) + entries
+        self._add(entries)
+
+    def _allowed(self, ip: IPAddress, port: int) -> bool:
+        return (ip, port) in self._endpoints or any(ip.version == n.version and ip in n for n in self._nets)
 
     async def check(self, url: str) -> tuple[str, str, int, str]:
-        """→ (scheme, host, port, pinned ip). Raises :class:`TargetRefused`;
-        resolver errors (``OSError``) propagate (a DNS failure may be transient)."""
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https"):
-            raise TargetRefused(f"scheme {scheme!r} not allowed")
-        host = (parts.hostname or "").lower().rstrip(".")
-        if not host:
-            raise TargetRefused("no host")
-        if parts.username or parts.password:
-            raise TargetRefused("credentials in URL")
+        """→ (scheme, host, port, pinned ip). Raises :class:`TargetRefused`, or
+        :class:`BadAddress` for a URL that cannot be called at all; resolver errors
+        (``OSError``) propagate (a DNS failure may be transient)."""
+        if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 or 127 <= ord(c) < 160 for c in url):
+            raise BadAddress("a space or a control character in the URL")
         try:
+            parts = urlsplit(url)
+            scheme = parts.scheme.lower()
+            if scheme not in ("http", "https"):
+                raise TargetRefused(f"scheme {scheme!r} not allowed")
+            host = _host_of(parts)
+            if parts.username or parts.password:
+                raise TargetRefused("credentials in URL")
             port = parts.port or (443 if scheme == "https" else 80)
-        except ValueError as exc:
-            raise TargetRefused(f"bad port: {exc}") from None
+        except ValueError as exc:  # urlsplit: a bad IPv6 literal; .port: not a port
+            if isinstance(exc, BadAddress):
+                raise
+            raise BadAddress(f"not a URL: {exc}") from None
         try:
             literal: Optional[IPAddress] = ipaddress.ip_address(host)
         except ValueError:
@@ -275,8 +357,8 @@ class TargetGuard:
             return scheme, host, port, addrs[0]
         ips = [ipaddress.ip_address(a.split("%", 1)[0]) for a in addrs]
         for ip in ips:
-            if not self._allowed(ip) and is_forbidden_address(ip):
-                raise TargetRefused(f"{host} resolves to {ip}, a non-public address")
+            if not self._allowed(ip, port) and is_forbidden_address(ip):
+                raise TargetRefused(f"{host} (port {port}) resolves to {ip}, a non-public address")
         return scheme, host, port, str(ips[0])
 
 
@@ -286,7 +368,7 @@ class TargetGuard:
 @dataclass
 class WebhookConfig:
     secret: str | bytes  #: ``whsec_<base64>`` (Standard Webhooks), or the key as bytes
-    allow: Sequence[str] = ()  #: hosts / CIDRs exempt from the target guard
+    allow: Sequence[str] = ()  #: hosts, CIDRs, address:port endpoints exempt from the target guard
     timeout: float = 10.0
     connect_timeout: float = 5.0
     user_agent: str = "notify-stream-webhooks/1"
@@ -340,6 +422,9 @@ class WebhookProvider(Provider):
                               permanent_kind=PermanentKind.INVALID_REQUEST, latency_ms=sw.ms)
         try:
             scheme, host, port, ip = await self.guard.check(url)
+        except BadAddress as exc:
+            return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error=f"bad_address: {exc}"[:300],
+                              permanent_kind=PermanentKind.BAD_ADDRESS, latency_ms=sw.ms)
         except TargetRefused as exc:
             return SendResult(
                 AttemptResult.PERMANENT_ERROR,
@@ -359,6 +444,9 @@ class WebhookProvider(Provider):
         extensions = {"sni_hostname": host} if scheme == "https" else {}
         try:
             resp = await self._client.post(pinned, content=body, headers=headers, extensions=extensions)
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # refused before anything left
+            return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error=f"bad_address: {exc}"[:300],
+                              permanent_kind=PermanentKind.BAD_ADDRESS, latency_ms=sw.ms)
         except Exception as exc:  # noqa: BLE001
             return exception_result(self.name, exc, sw.ms)
         return self._map(resp, delivery.delivery_id, sw.ms)
@@ -378,6 +466,15 @@ class WebhookProvider(Provider):
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def endpoint_of(url: str) -> str:
+    """The allowlist entry of exactly the receiver at ``url``: its address and
+    port (``"127.0.0.1:8123"``, ``"[::1]:8123"``), e.g. the simulators' receiver."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def allowlist(entries: Iterable[str]) -> tuple[str, ...]:

@@ -6,13 +6,16 @@
     scheduler  notify.timers   → intents / lanes when due
     sink       (no stream) the outcomes every agent sends → SQLite record store
     receipts   notify.receipts → DELIVERED / UNDELIVERED
+    callbacks  notify.outcomes → producers' status callbacks (signed POSTs, retried)
+    pressure   (a timer) how far behind the lanes are → the guard's backpressure
+    releases   (a timer) the gray releases set through the API → the guard
     preferences, devices       → the user tables
 
 A worker runs the agents of its role (``NOTIFY_ROLE``, pipeline/roles.py): all of
 them by default, or the high-priority path apart from the rest.
 """
 
-from . import expand, guard, lanes, receipts, scheduler, sink, users  # noqa: F401
+from . import callbacks, expand, guard, lanes, pressure, receipts, releases, scheduler, sink, users  # noqa: F401
 from pipeline import roles, runtime  # noqa: E402
 from pipeline.app import app  # noqa: E402
 

@@ -6,6 +6,7 @@ from pipeline import clock, metrics
 from pipeline.app import app, dlq_topic, lane_topics, outcomes_topic, timers_topic
 from pipeline.entries import send_dead_letter
 from pipeline.models import Delivery, Outcome, Timer
+from pipeline.rules.slo import first_terminal
 
 from .sink import records
 
@@ -26,6 +27,8 @@ async def outcomes(items: Iterable[Outcome]) -> None:
     items = list(items)
     for o in items:
         metrics.outcomes.labels(o.state, o.reason or "").inc()
+        if o.latency_ms and first_terminal(o):
+            metrics.to_terminal.labels(o.priority).observe(o.latency_ms / 1000.0)
         await send(outcomes_topic, o.user_id, o)
     if items:
         await records.add(items)

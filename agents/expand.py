@@ -25,9 +25,10 @@ from pipeline.app import app, dlq_topic, events_topics, intents_topics, renderer
 from pipeline.entries import contained
 from pipeline.ids import notification_id
 from pipeline.models import Intent
+from pipeline.rules.priority import marked_any
 from pipeline.rules.validate import InvalidEvent, parse_event
 
-from . import emit
+from . import callbacks, emit
 from .guard import plan_and_send, plans_here
 
 
@@ -45,17 +46,21 @@ async def expand_one(event) -> None:
     raw = event.value
     msg = event.message
     try:
-        ev = parse_event(raw if isinstance(raw, bytes) else bytes(raw or b""), settings, renderer)
+        # priority capped by the category, unless the API let it through (a priority:any key)
+        ev = parse_event(raw if isinstance(raw, bytes) else bytes(raw or b""), settings, renderer,
+                         priority_any=marked_any(msg.headers))
     except InvalidEvent as exc:
         await emit.dead_letter("expand", exc.reason, raw or b"", detail=str(exc), key=msg.key,
                                partition=msg.partition, offset=msg.offset)
         return
+    if ev.callback_url:  # where its outcomes are POSTed (agents/callbacks.py), known before the first one
+        await callbacks.remember(ev)
     accepted = ev.accepted_at or event.message.timestamp or time.time()
     priority = ev.priority or settings.category(ev.category).priority
     out = intents_topics[priority]
     for i, user in enumerate(ev.recipients):
         intent = Intent(
-            notification_id=notification_id(ev.biz_key, user),
+            notification_id=notification_id(ev.biz_key, user, ev.producer),
             biz_key=ev.biz_key,
             user_id=user,
             category=ev.category,
@@ -67,6 +72,7 @@ async def expand_one(event) -> None:
             locale=ev.locale,
             send_at=ev.send_at,
             accepted_at=accepted,
+            producer=ev.producer,
         )
         partition = plans_here(priority, user)
         if partition is None:

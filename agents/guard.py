@@ -18,18 +18,18 @@ import logging
 import os
 from typing import Any, Optional
 
-from pipeline import clock
+from pipeline import clock, metrics
 from pipeline.fair import turns_for
 from pipeline.app import app, dlq_topic, intents_topics, renderer, settings
 from pipeline.entries import contained
 from pipeline.models import Intent
 from pipeline.rules.attempts import DONE_STATES
-from pipeline.rules.guard import dedup_expired
+from pipeline.rules.guard import dedup_expired, window_expired
 from pipeline.rules.plan import plan_intent
 from pipeline.transport import ProducerFenced
-from tables import daily, dedup, devices, inflight, preferences, remember
+from tables import daily, dedup, devices, inflight, preferences, recent_sends, remember
 
-from . import emit
+from . import emit, pressure, releases
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ async def plan_and_send(intent: Intent, partition: int, replay_token: Any) -> No
         # a change for the current event's partition (expand's, not the user's)
         return 0 if replayed else daily.data.get(key, 0)
 
+    def recent(key: str) -> list:
+        return [] if replayed else (recent_sends.data.get(key) or [])
+
     plan = plan_intent(
         intent,
         settings=settings,
@@ -77,13 +80,22 @@ async def plan_and_send(intent: Intent, partition: int, replay_token: Any) -> No
         now=now,
         dedup_seen=seen,
         count_today=count,
+        recent_sends=recent,
+        backpressure=pressure.on(),
+        releases=releases.releases(),
     )
+    if plan.no_channel and not replayed:
+        metrics.no_channel.labels(intent.category, plan.no_channel).inc()
+    if plan.devices_not_sent and not replayed:
+        metrics.push_devices_not_sent.inc(plan.devices_not_sent)
     for key in plan.dedup_keys:
         remember(dedup, partition, key, [now, replay_token, intent.category])
     if plan.counter_key and not replayed:
         remember(daily, partition, plan.counter_key, daily.data.get(plan.counter_key, 0) + 1)
-    if plan.timer:
-        await emit.timer(intent.user_id, plan.timer)
+    if plan.window and not replayed:
+        remember(recent_sends, partition, *plan.window)
+    for t in plan.timers:
+        await emit.timer(intent.user_id, t)
     await emit.outcomes(plan.outcomes)
     for d in plan.deliveries:
         await emit.deliver(d)
@@ -112,7 +124,7 @@ PURGE_CHUNK = int(os.environ.get("NOTIFY_PURGE_CHUNK", "500"))
 @app.timer(PURGE_EVERY_S)
 async def purge_expired() -> None:
     """Drop dedup entries past their category's window, daily counters older than two
-    days and lane inflight marks of deliveries done an hour ago (tombstones on the
+    days, sliding-window send times outside their category's longest window, and lane inflight marks of deliveries done an hour ago (tombstones on the
     changelog; the compactor then drops their history).
 
     Tombstones go out :data:`PURGE_CHUNK` at a time, each chunk written before the
@@ -126,6 +138,7 @@ async def purge_expired() -> None:
 
     now = clock.now()
     windows = {name: c.dedup_window_s for name, c in settings.categories.items()}
+    longest = {name: max((w for w, _n in c.rate_windows), default=0) for name, c in settings.categories.items()}
     partition_of = app.transport.partition_for
     topic = INTENT_TOPICS[0]  # every user-keyed topic has the same partitions
     owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
@@ -146,6 +159,10 @@ async def purge_expired() -> None:
             user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
             if day < oldest:
                 yield daily, user, key
+        for key in list(recent_sends.data):
+            user, _, category = key.rpartition("|")
+            if window_expired(recent_sends.data.get(key), now, longest.get(category, 0)):
+                yield recent_sends, user, key
 
     purged, last = 0, None
     for table, user, key in expired():

@@ -9,6 +9,12 @@ any provider call), starts its call, and turns each result, whenever it comes,
 into outcomes, retries (on the timer topic) and dead letters via
 pipeline/rules/attempts. A hanging call holds one slot, never the lane
 (docs/adr/0001-lanes-as-continuous-pipelines.md).
+
+A push to a user's devices arrives as one delivery per device (pipeline/rules/
+plan.py ``per_device``), each with its own ``delivery_id``: everything here keys
+on it (the inflight marks, the calls in flight, the retry timers, the dead
+letter, the provider's idempotency key), so each device's delivery is handled,
+and made exactly once, on its own, and a bad token removes that device only.
 """
 
 import asyncio

@@ -1,18 +1,26 @@
 """receipts: a provider's delivery receipt (notify.receipts) → DELIVERED or
-UNDELIVERED for the delivery that carries its provider_msg_id. ACCEPTED is never
-reported as DELIVERED without one. A receipt that arrives before our ACCEPTED
-record is written is retried a few times through the timer topic."""
+UNDELIVERED for the delivery that carries its provider_msg_id *and was sent
+through that provider* (pipeline/rules/receipts.py). ACCEPTED is never reported
+as DELIVERED without one. A receipt that arrives before our ACCEPTED record is
+written is retried a few times through the timer topic; one whose message id
+belongs only to deliveries of other providers is refused at once: logged and
+dead-lettered as ``provider_mismatch``, nothing changed (a provider's receipt
+never decides another provider's delivery)."""
 
+import logging
 import time
 
 from pipeline import clock, runtime
 from pipeline.app import app, dlq_topic, receipts_topic
 from pipeline.entries import contained
 from pipeline.models import Outcome, Receipt, State, Timer
+from pipeline.rules.receipts import split_by_provider
 
 from . import emit
 
 MAX_TRIES = 5
+
+log = logging.getLogger(__name__)
 
 
 @app.agent(receipts_topic, name="receipts")
@@ -24,7 +32,14 @@ async def receipts(stream):
 
 async def match(r: Receipt, tries: int) -> None:
     store = await runtime.store()
-    rows = await store.by_provider_msg_id(r.provider_msg_id)
+    rows, others = split_by_provider(r.provider, await store.by_provider_msg_id(r.provider_msg_id))
+    if not rows and others:
+        providers = sorted({str(o.get("provider")) for o in others})
+        log.warning("refused a %s receipt for a message id of %d delivery(ies) of %s: provider_mismatch",
+                    r.provider, len(others), ", ".join(providers))
+        await emit.dead_letter("receipts", "provider_mismatch", r.dumps(), key=r.provider_msg_id,
+                               detail=f"receipt from {r.provider}; the message id is {', '.join(providers)}'s")
+        return
     if not rows:
         if tries < MAX_TRIES:
             await emit.timer(r.provider_msg_id, Timer(
@@ -40,5 +55,6 @@ async def match(r: Receipt, tries: int) -> None:
             user_id=row["user_id"], channel=row["channel"], category=row.get("category") or "",
             template=row.get("template_code") or "", priority=row.get("priority") or "", state=state,
             at=r.at or time.time(), reason=r.error, provider=r.provider, provider_msg_id=r.provider_msg_id,
-            accepted_at=row.get("accepted_at") or 0.0,
+            accepted_at=row.get("accepted_at") or 0.0, producer=row.get("producer") or "",
+            pref_version=row.get("pref_version") or 0,
         )])

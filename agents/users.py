@@ -1,9 +1,13 @@
 """Preference and device updates, applied to the user's tables from their own
 user-keyed topics (so they are replayable like everything else)."""
 
-from pipeline.app import app, devices_topic, dlq_topic, preferences_topic
+from pipeline import metrics
+from pipeline.app import app, devices_topic, dlq_topic, preferences_topic, settings
 from pipeline.entries import contained
 from tables import devices, preferences
+
+#: tokens a user keeps (push goes to every one of them: pipeline/rules/plan.py per_device)
+MAX_DEVICES = settings.channels["push"].max_devices
 
 
 @app.agent(preferences_topic, name="preferences")
@@ -30,6 +34,23 @@ async def apply_devices(stream):
             else:
                 held = [d for d in current if d[1] != upd.token]
                 held.append([upd.platform, upd.token, upd.at])
-            devices[upd.user_id] = held[-10:] or None
-            if not held:
+                held = keep_newest(held, MAX_DEVICES)
+            if held:
+                devices[upd.user_id] = held
+            else:
                 devices.pop(upd.user_id, None)
+
+
+def keep_newest(held: list, cap: int) -> list:
+    """The ``cap`` most recently registered of a user's devices (by their time, then
+    their order), in their order; the older are dropped and counted."""
+    if len(held) <= cap:
+        return held
+    keep = set(sorted(range(len(held)), key=lambda i: (_at(held[i]), i))[-cap:])
+    metrics.push_devices_dropped.inc(len(held) - cap)
+    return [d for i, d in enumerate(held) if i in keep]
+
+
+def _at(dev: list) -> float:
+    at = dev[2] if len(dev) > 2 else 0
+    return at if isinstance(at, (int, float)) else 0

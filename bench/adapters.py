@@ -4,12 +4,14 @@ each adapter against its simulator running in a process of its own (as
 ship and, for the HTTP/1.1 adapters, on httpx's own transport (the baseline of
 the same run, for the ratio).
 
-    .venv/bin/python bench/adapters.py [--calls 1000] [--markdown]
+    .venv/bin/python bench/adapters.py [--calls 1000] [--markdown] [--providers sendgrid,ses,sns]
 
 The simulators run with the clean profile (no random latency or failures), so
 what is measured is the client's own cost; the simulator process has a core of
 its own only if the machine has one to spare (2 cores here: it competes with
-the client, which lowers calls/s, not CPU per call).
+the client, which lowers calls/s, not CPU per call). SendGrid, SES and SNS run
+against ``python -m adapters.simulators.cloud``, a process of its own too; the SES
+and SNS calls include botocore's SigV4 signing.
 """
 
 from __future__ import annotations
@@ -31,19 +33,32 @@ sys.path.insert(0, str(ROOT))
 
 from adapters import _http  # noqa: E402
 from adapters.simulators import build_providers_from_info  # noqa: E402
+from adapters.simulators.cloud import build_cloud_providers_from_info  # noqa: E402
 from pipeline.models import Delivery  # noqa: E402
 
-CHANNEL = {"twilio": "sms", "smsvendor": "sms", "webhook": "webhook", "apns": "push", "fcm": "push", "smtp": "email"}
-HTTP1 = ("twilio", "smsvendor", "webhook")
+CHANNEL = {"twilio": "sms", "smsvendor": "sms", "webhook": "webhook", "apns": "push", "fcm": "push", "hms": "push",
+           "smtp": "email"}
+HTTP1 = ("twilio", "smsvendor", "webhook", "hms")
+#: the hosted e-mail / SMS APIs (adapters/simulators/cloud.py, their own simulator process)
+CLOUD = ("sendgrid", "ses", "sns")
+CHANNEL.update(sendgrid="email", ses="email", sns="sms")
+#: --providers: measure only these (None: all)
+ONLY: set | None = None
 
 
 def address(provider: str, info: dict, i: int) -> str:
+    if provider == "sns":
+        return f"+1555{i % 1_000_000:06d}9"
+    if provider in ("sendgrid", "ses"):
+        return f"user{i}@example.com"
     if provider in ("twilio", "smsvendor"):
         return f"+1555{i % 1_000_000:06d}9"  # no simulator scenario ends in 9
     if provider == "apns":
         return "apns:" + f"{i:064x}"
     if provider == "fcm":
         return f"fcm:bench-token-{i}"
+    if provider == "hms":
+        return f"hms:bench-token-{i}"
     if provider == "smtp":
         return f"user{i}@example.com"
     return info["urls"]["webhook"]
@@ -59,8 +74,10 @@ def delivery(provider: str, info: dict, tag: str, i: int) -> Delivery:
                     address=address(provider, info, i), content=content)
 
 
-async def measure(provider: str, info: dict, calls: int, conc: int, tag: str) -> dict:
-    providers = build_providers_from_info(info)
+async def measure(provider: str, info: dict, calls: int, conc: int, tag: str) -> dict | None:
+    if ONLY is not None and provider not in ONLY:
+        return None
+    providers = build_cloud_providers_from_info(info["cloud"]) if provider in CLOUD else build_providers_from_info(info)
     p = providers[provider]
     try:
         await asyncio.gather(*(p.send(delivery(provider, info, tag + "w", i)) for i in range(min(conc, 20))))
@@ -94,7 +111,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--providers", default="", help="measure only these (comma-separated)")
     args = ap.parse_args()
+    global ONLY
+    ONLY = {p.strip() for p in args.providers.split(",") if p.strip()} or None
+    cloud_path = os.path.join(tempfile.mkdtemp(), "cloud.json")
+    cloud = subprocess.Popen([sys.executable, "-m", "adapters.simulators.cloud", "--clean", "--info", cloud_path],
+                             cwd=str(ROOT), stdout=subprocess.DEVNULL)
     info_path = os.path.join(tempfile.mkdtemp(), "sims.json")
     sims = subprocess.Popen([sys.executable, "-m", "adapters.simulators", "--clean", "--info", info_path],
                             cwd=str(ROOT), stdout=subprocess.DEVNULL)
@@ -105,24 +128,34 @@ def main() -> None:
                 raise SystemExit("simulators did not start")
             time.sleep(0.05)
         info = orjson.loads(Path(info_path).read_bytes())
+        while not os.path.exists(cloud_path):
+            if time.time() > deadline or cloud.poll() is not None:
+                raise SystemExit("the cloud simulators did not start")
+            time.sleep(0.05)
+        info["cloud"] = orjson.loads(Path(cloud_path).read_bytes())
         rows = []
-        for provider in ("twilio", "smsvendor", "webhook", "apns", "fcm", "smtp"):
+        for provider in CLOUD:
+            for conc in (1, 50):
+                rows.append(("shipped", asyncio.run(measure(provider, info, args.calls, conc, f"s{conc}"))))
+        for provider in ("twilio", "smsvendor", "webhook", "apns", "fcm", "hms", "smtp"):
             for conc in (1, 50):
                 rows.append(("shipped", asyncio.run(measure(provider, info, args.calls, conc, f"s{conc}"))))
         native_transport()
-        for provider in HTTP1:
+        for provider in HTTP1 + CLOUD:
             for conc in (1, 50):
                 rows.append(("httpx native", asyncio.run(measure(provider, info, args.calls, conc, f"h{conc}"))))
     finally:
-        sims.terminate()
-        sims.wait(10)
+        for proc in (sims, cloud):
+            proc.terminate()
+            proc.wait(10)
+    rows = [(t, r) for t, r in rows if r is not None]
     base = {(r["provider"], r["conc"]): r for t, r in rows if t == "httpx native"}
     print("| adapter | transport | concurrency | calls/s | client CPU µs/call | vs httpx native | results |")
     print("|---|---|---:|---:|---:|---:|---|")
     for t, r in rows:
         b = base.get((r["provider"], r["conc"]))
         ratio = f"{b['cpu_us'] / r['cpu_us']:.1f}x less CPU" if b and t == "shipped" else ""
-        transport = ("aiohttp" if r["provider"] in HTTP1 else "httpx h2" if r["provider"] in ("apns", "fcm")
+        transport = ("aiohttp" if r["provider"] in HTTP1 + CLOUD else "httpx h2" if r["provider"] in ("apns", "fcm")
                      else "aiosmtplib") if t == "shipped" else "httpx (httpcore)"
         print(f"| {r['provider']} | {transport} | {r['conc']} | {r['calls_s']:,.0f} | {r['cpu_us']:,.0f} | {ratio} | "
               f"{', '.join(f'{k} {v}' for k, v in sorted(r['results'].items()))} |")

@@ -22,6 +22,8 @@ __all__ = [
     "ConfigError",
     "ChannelConfig",
     "CategoryConfig",
+    "ApiConfig",
+    "BackpressureConfig",
     "Settings",
     "load_settings",
     "DEFAULTS_PATH",
@@ -58,6 +60,9 @@ class ChannelConfig:
     max_length: int | None = None
     title_max_length: int | None = None
     lane_batch_size: int = 100
+    #: push only: the devices a notification goes to at most, newest first (the
+    #: devices table keeps no more than this many per user)
+    max_devices: int = 10
 
 
 @dataclass(frozen=True)
@@ -70,15 +75,30 @@ class CategoryConfig:
     dedup_window_s: int
     inbox_fallback: bool
     default_channels: tuple[str, ...]
+    #: the highest priority an event of this category may ask for (its own
+    #: ``priority`` when unset); a higher one is lowered to it, unless the API key
+    #: holds the ``priority:any`` scope (pipeline/rules/priority.py)
+    max_priority: str | None = None
+    #: seed 002's sliding windows per user: ``((seconds, n), ...)``, at most ``n``
+    #: notifications of the category in any ``seconds`` (pipeline/rules/guard.py)
+    rate_windows: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class ProviderConfig:
-    """Rate limit of one provider (token bucket: ``rate`` per second, ``burst``)."""
+    """One ``[providers.<name>]`` table (config/providers.py): its token bucket (``rate``
+    per second, ``burst``; None: no bucket), breaker overrides, and, with a ``kind``, the
+    provider itself: ``options`` are the kind's settings, secrets as references
+    (``<secret>_env`` / ``<secret>_file``), built by :mod:`adapters.registry`. Without a
+    kind it only limits a provider of that name built elsewhere (simulators, fakes)."""
 
     name: str
-    rate: float
-    burst: float
+    rate: float | None = None
+    burst: float | None = None
+    kind: str | None = None
+    channel: str | None = None
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    breaker: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -88,6 +108,51 @@ class BreakerConfig:
     failure_threshold: int = 5
     reset_timeout_s: float = 5.0
     half_open_max: int = 1
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """Limits of the HTTP API's door (``[api]``): how long a client may take to
+    send a request's headers (also the idle keep-alive) and its body, and the
+    dates a signed receipt may carry."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    receipt_max_age_s: float = 7 * 86400.0
+    receipt_max_ahead_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class BackpressureConfig:
+    """Seed 001's backpressure (``[backpressure]``): when the oldest unprocessed
+    entry of any lane or intents topic is older than ``after_s``, the intake of
+    ``categories`` (non-critical marketing) is deferred by ``retry_s`` at a time
+    (``SCHEDULED backpressure``) until the age falls under half of ``after_s``."""
+
+    after_s: float = 60.0
+    retry_s: float = 30.0
+    categories: tuple[str, ...] = ("marketing",)
+
+
+@dataclass(frozen=True)
+class CallbacksConfig:
+    """Producer status callbacks (``[callbacks]``, agents/callbacks.py): the retry
+    schedule (``base_delay_s`` doubling up to ``max_delay_s``, with jitter, for at
+    least ``retry_for_s`` after the first failure), one POST's ``timeout_s``, POSTs
+    in flight per worker, state changes per POST, how long an event's own
+    ``callback_url`` is kept after its ``send_at``, and the target guard's allowlist
+    (``NOTIFY_CALLBACK_ALLOW`` adds to it). ``enabled = false``: no agent reads
+    the outcome stream back for callbacks."""
+
+    enabled: bool = True
+    base_delay_s: float = 5.0
+    max_delay_s: float = 3600.0
+    retry_for_s: float = 86400.0
+    timeout_s: float = 10.0
+    concurrency: int = 32
+    max_batch: int = 100
+    target_ttl_s: float = 3 * 86400.0
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +169,9 @@ class Settings:
     channels: Mapping[str, ChannelConfig]
     categories: Mapping[str, CategoryConfig]
     providers: Mapping[str, ProviderConfig] = field(default_factory=lambda: MappingProxyType({}))
+    #: ``[routes]``: channel → provider names in failover order; empty: the config names
+    #: no providers (the simulators or the fakes are used, pipeline/runtime.py)
+    routes: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     #: seconds after ACCEPTED to ask a provider with a status query for a missing
     #: receipt (0 = never)
     receipt_poll_s: float = 60.0
@@ -113,6 +181,16 @@ class Settings:
     #: priority → deliveries a lane agent of that priority takes at once, for every
     #: channel (``[lane_batch_size]``); a priority absent here uses the channel's own
     lane_batch_sizes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: an event's ``send_at`` is at most this far after the time it is read (else 400 /
+    #: dead letter bad_value), and, at the door (the API), at most ``max_send_past_s`` before it
+    max_send_ahead_s: float = 30 * 86400.0
+    max_send_past_s: float = 86400.0
+    api: ApiConfig = field(default_factory=ApiConfig)
+    backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
+    #: gray releases from the config (``[releases.<name>]``, pipeline/rules/release.py);
+    #: the API's (PUT /v1/releases/<name>) win over these by name
+    releases: tuple = ()
+    callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
 
     def category(self, name: str) -> CategoryConfig:
         """The category's config; KeyError when unknown."""
@@ -189,12 +267,20 @@ _TOP_KEYS = {
     "channels",
     "categories",
     "providers",
+    "routes",
     "breaker",
     "receipt_poll_s",
     "lane_batch_size",
+    "max_send_ahead_s",
+    "max_send_past_s",
+    "api",
+    "backpressure",
+    "releases",
+    "callbacks",
 }
-_CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size"}
-_CATEGORY_KEYS = {"priority", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels"}
+_CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size", "max_devices"}
+_CATEGORY_KEYS = {"priority", "max_priority", "rate_windows", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels"}
+_API_KEYS = {"header_timeout_s", "body_timeout_s", "receipt_max_age_s", "receipt_max_ahead_s"}
 
 
 def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -> Settings:
@@ -237,6 +323,8 @@ def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -
 
     channels = _channels(raw.get("channels", {}))
     categories = _categories(raw.get("categories", {}))
+    providers = _providers(raw.get("providers", {}), user_dir)
+    routes = _routes(raw.get("routes"), providers)
 
     return Settings(
         templates_dir=str(tpath.resolve()),
@@ -251,10 +339,97 @@ def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -
         db_path=db_path,
         channels=MappingProxyType(channels),
         categories=MappingProxyType(categories),
-        providers=MappingProxyType(_providers(raw.get("providers", {}))),
+        providers=MappingProxyType(providers),
+        routes=MappingProxyType(routes),
         breaker=_breaker(raw.get("breaker", {})),
         receipt_poll_s=_number("receipt_poll_s", raw.get("receipt_poll_s", 60.0), 0),
         lane_batch_sizes=MappingProxyType(_lane_batch_sizes(raw.get("lane_batch_size", {}))),
+        max_send_ahead_s=_number("max_send_ahead_s", raw.get("max_send_ahead_s", 30 * 86400), 1),
+        max_send_past_s=_number("max_send_past_s", raw.get("max_send_past_s", 86400), 0),
+        api=_api(raw.get("api", {})),
+        backpressure=_backpressure(raw.get("backpressure", {}), categories),
+        releases=_releases(raw.get("releases", {})),
+        callbacks=_callbacks(raw.get("callbacks", {}), env),
+    )
+
+
+def _releases(raw: Any) -> tuple:
+    from pipeline.rules.release import parse_release
+
+    if not isinstance(raw, dict):
+        raise _bad("releases", raw, "a table of [releases.<name>] tables")
+    out = []
+    for name, table in raw.items():
+        try:
+            out.append(parse_release(name, table, CHANNELS))
+        except ValueError as exc:
+            key = str(exc).split(":", 1)[0]
+            raise ConfigError(str(exc), key, table) from None
+    return tuple(out)
+
+
+def _backpressure(raw: Any, categories: Mapping[str, Any]) -> BackpressureConfig:
+    if not isinstance(raw, dict):
+        raise _bad("backpressure", raw, "a table")
+    _no_unknown(raw, {"after_s", "retry_s", "categories"}, "backpressure.")
+    d = BackpressureConfig()
+    cats = raw.get("categories", list(d.categories))
+    if not isinstance(cats, list) or not all(isinstance(c, str) for c in cats):
+        raise _bad("backpressure.categories", cats, "a list of category names")
+    for c in cats:
+        if c not in categories:
+            raise ConfigError(f"backpressure.categories: unknown category {c!r}", "backpressure.categories", c)
+        if categories[c].priority == "high":
+            raise ConfigError(f"backpressure.categories: {c!r} is high priority: never throttled",
+                              "backpressure.categories", c)
+    return BackpressureConfig(
+        after_s=_number("backpressure.after_s", raw.get("after_s", d.after_s), 1),
+        retry_s=_number("backpressure.retry_s", raw.get("retry_s", d.retry_s), 0.1),
+        categories=tuple(dict.fromkeys(cats)),
+    )
+
+
+def _api(raw: Any) -> ApiConfig:
+    if not isinstance(raw, dict):
+        raise _bad("api", raw, "a table")
+    _no_unknown(raw, _API_KEYS, "api.")
+    d = ApiConfig()
+    return ApiConfig(
+        header_timeout_s=_number("api.header_timeout_s", raw.get("header_timeout_s", d.header_timeout_s), 0.01),
+        body_timeout_s=_number("api.body_timeout_s", raw.get("body_timeout_s", d.body_timeout_s), 0.01),
+        receipt_max_age_s=_number("api.receipt_max_age_s", raw.get("receipt_max_age_s", d.receipt_max_age_s), 1),
+        receipt_max_ahead_s=_number("api.receipt_max_ahead_s", raw.get("receipt_max_ahead_s", d.receipt_max_ahead_s), 0),
+    )
+
+
+_CALLBACK_KEYS = {"enabled", "base_delay_s", "max_delay_s", "retry_for_s", "timeout_s", "concurrency", "max_batch",
+                  "target_ttl_s", "allow"}
+
+
+def _callbacks(raw: Any, env: Mapping[str, str]) -> CallbacksConfig:
+    if not isinstance(raw, dict):
+        raise _bad("callbacks", raw, "a table")
+    _no_unknown(raw, _CALLBACK_KEYS, "callbacks.")
+    d = CallbacksConfig()
+    enabled = raw.get("enabled", d.enabled)
+    if not isinstance(enabled, bool):
+        raise _bad("callbacks.enabled", enabled, "true or false")
+    allow = raw.get("allow", [])
+    if isinstance(allow, str):
+        allow = [allow]
+    if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+        raise _bad("callbacks.allow", allow, "a list of hosts, CIDRs or address:port endpoints")
+    allow = allow + [env.get("NOTIFY_CALLBACK_ALLOW", "")]
+    entries = tuple(x.strip() for a in allow for x in a.split(",") if x.strip())
+    num = lambda k, lo: _number(f"callbacks.{k}", raw.get(k, getattr(d, k)), lo)  # noqa: E731
+    base, top = num("base_delay_s", 0.001), num("max_delay_s", 0.001)
+    if top < base:
+        raise ConfigError(f"callbacks.max_delay_s: {top} is below base_delay_s {base}", "callbacks.max_delay_s", top)
+    return CallbacksConfig(
+        enabled=enabled, base_delay_s=base, max_delay_s=top, retry_for_s=num("retry_for_s", 0),
+        timeout_s=num("timeout_s", 0.01), concurrency=_int("callbacks.concurrency", raw.get("concurrency", d.concurrency), 1),
+        max_batch=_int("callbacks.max_batch", raw.get("max_batch", d.max_batch), 1),
+        target_ttl_s=num("target_ttl_s", 1), allow=entries,
     )
 
 
@@ -271,17 +446,16 @@ def _number(key: str, value: Any, minimum: float) -> float:
     return float(value)
 
 
-def _providers(raw: Any) -> dict[str, ProviderConfig]:
-    if not isinstance(raw, dict):
-        raise _bad("providers", raw, "a table")
-    out = {}
-    for name, table in raw.items():
-        if not isinstance(table, dict):
-            raise _bad(f"providers.{name}", table, "a table")
-        _no_unknown(table, {"rate", "burst"}, f"providers.{name}.")
-        rate = _number(f"providers.{name}.rate", table.get("rate"), 0.001)
-        out[name] = ProviderConfig(name, rate, _number(f"providers.{name}.burst", table.get("burst", rate), 1))
-    return out
+def _providers(raw: Any, user_dir: Path | None = None) -> dict[str, ProviderConfig]:
+    from .providers import parse_providers  # kinds, their settings, secret references
+
+    return parse_providers(raw, user_dir)
+
+
+def _routes(raw: Any, providers: dict[str, ProviderConfig]) -> dict[str, tuple[str, ...]]:
+    from .providers import parse_routes
+
+    return parse_routes(raw, providers)
 
 
 def _breaker(raw: Any) -> BreakerConfig:
@@ -307,11 +481,15 @@ def _channels(raw: Any) -> dict[str, ChannelConfig]:
         if not isinstance(table, dict):
             raise _bad(f"channels.{name}", table, "a table")
         _no_unknown(table, _CHANNEL_KEYS, f"channels.{name}.")
+        if "max_devices" in table and name != "push":
+            raise ConfigError(f"channels.{name}.max_devices: only push goes to devices", f"channels.{name}.max_devices",
+                              table["max_devices"])
         out[name] = ChannelConfig(
             name=name,
             max_length=_opt_int(f"channels.{name}.max_length", table.get("max_length"), 1),
             title_max_length=_opt_int(f"channels.{name}.title_max_length", table.get("title_max_length"), 1),
             lane_batch_size=_int(f"channels.{name}.lane_batch_size", table.get("lane_batch_size", 100), 1),
+            max_devices=_int(f"channels.{name}.max_devices", table.get("max_devices", 10), 1),
         )
     for name in CHANNELS:  # every known channel has a config, even if the files dropped one
         out.setdefault(name, ChannelConfig(name=name))
@@ -342,6 +520,19 @@ def _categories(raw: Any) -> dict[str, CategoryConfig]:
                 f"{key}.priority",
                 priority,
             )
+        max_priority = table.get("max_priority", priority)
+        if max_priority not in PRIORITIES:
+            raise ConfigError(
+                f"{key}.max_priority: unknown priority {max_priority!r} (known: {', '.join(PRIORITIES)})",
+                f"{key}.max_priority",
+                max_priority,
+            )
+        if PRIORITIES.index(priority) < PRIORITIES.index(max_priority):  # PRIORITIES: highest first
+            raise ConfigError(
+                f"{key}.max_priority: {max_priority!r} is below the category's own priority {priority!r}",
+                f"{key}.max_priority",
+                max_priority,
+            )
         limit_raw = table.get("daily_limit")
         if limit_raw is None or (isinstance(limit_raw, str) and limit_raw.lower() in _EXEMPT):
             daily_limit = None
@@ -362,6 +553,14 @@ def _categories(raw: Any) -> dict[str, CategoryConfig]:
                     f"{key}.default_channels",
                     ch,
                 )
+        windows_raw = table.get("rate_windows", [])
+        if not isinstance(windows_raw, list):
+            raise _bad(f"{key}.rate_windows", windows_raw, "a list of [seconds, max] pairs")
+        windows = []
+        for i, pair in enumerate(windows_raw):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise _bad(f"{key}.rate_windows[{i}]", pair, "[seconds, max]")
+            windows.append((_int(f"{key}.rate_windows[{i}]", pair[0], 1), _int(f"{key}.rate_windows[{i}]", pair[1], 0)))
         out[name] = CategoryConfig(
             name=name,
             priority=priority,
@@ -369,6 +568,8 @@ def _categories(raw: Any) -> dict[str, CategoryConfig]:
             dedup_window_s=_int(f"{key}.dedup_window_s", table["dedup_window_s"], 0),
             inbox_fallback=inbox_fallback,
             default_channels=tuple(dict.fromkeys(chans)),
+            max_priority=max_priority,
+            rate_windows=tuple(sorted(set(windows))),
         )
     return out
 

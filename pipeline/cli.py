@@ -8,17 +8,33 @@
     notify dlq ls                list dead letters
     notify records show BIZ_KEY  the records of a business key
     notify records replay        write the records again from the outcome stream
+    notify callbacks ls|replay   producers' status callbacks waiting or given up
     notify status                lag per topic, leases, DLQ depth
+    notify providers check       the config's providers: each one's credentials tried
 
-Errors are one clear line on stderr and a non-zero exit code.
+Errors are one clear line on stderr and a non-zero exit code (``--debug`` or
+``NOTIFY_DEBUG=1``: the traceback of an unexpected one).
+
+The broker is ``NOTIFY_BROKER`` (set by ``notify run`` for its children), else
+``REDIS_URL``, else ``data/broker.url``: the broker of the running ``notify run``,
+the embedded server it started with the password it generated or the ``REDIS_URL``
+it was given (a Redis Cluster's too; the file is its user's only, mode 0600). Files
+are created with umask 0o077; ``notify run`` holds ``data/notify.lock`` while it runs.
+
+Every command works on a Redis Cluster (pipeline/transport/client.py ``sync_client``
+gives the cluster client; a topic is read one partition, one hash slot, at a time)
+and uses the key namespace of the URL's ``prefix=`` (default ``nfs``), as the
+workers and the API do.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +49,10 @@ class CLIError(Exception):
     pass
 
 
+class NoBroker(CLIError):
+    """No broker configured and no `notify run` running (``notify demo`` starts one)."""
+
+
 def _settings():
     from config.settings import load_settings
 
@@ -44,40 +64,136 @@ def _broker_file(settings) -> Path:
 
 
 def broker_url(settings=None) -> str:
+    """The broker URL every command uses, checked (a bad one is a one-line error
+    naming where it came from, without its password)."""
     settings = settings or _settings()
     if os.environ.get("NOTIFY_BROKER"):
-        return os.environ["NOTIFY_BROKER"]
-    if settings.redis_url:
-        return settings.redis_url
-    f = _broker_file(settings)
-    if f.exists():
-        return f.read_text().strip()
-    raise CLIError("no broker: set REDIS_URL, or start `notify run` first (it writes data/broker.url)")
+        url, source = os.environ["NOTIFY_BROKER"], "NOTIFY_BROKER"
+    elif settings.redis_url:
+        url, source = settings.redis_url, "REDIS_URL"
+    else:
+        f = _broker_file(settings)
+        if not f.exists():
+            raise NoBroker("no broker: set REDIS_URL, or start `notify run` first (it writes data/broker.url)")
+        try:
+            url, source = f.read_text().strip(), str(f)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"cannot read {f}: {exc}") from None
+    return _checked(url, source)
+
+
+def _checked(url: str, source: str) -> str:
+    from pipeline.transport.client import BrokerURLError, parse_url
+
+    try:
+        parse_url(url)
+    except BrokerURLError as exc:
+        raise CLIError(f"{source}: {exc}") from None
+    return url
 
 
 def _redis(url: str):
-    import redis
+    """A client for the broker: a ``RedisCluster`` on a cluster (pipeline/transport/client.py)."""
+    from pipeline.transport.client import sync_client
 
-    return redis.Redis.from_url(url.split("?")[0])
+    return sync_client(url)
+
+
+def _keys(url: str):
+    """The transport's key layout in the URL's namespace (``?prefix=``, default ``nfs``)."""
+    from pipeline.transport.client import parse_url
+    from pipeline.transport.keys import Keys
+
+    return Keys(parse_url(url).query.get("prefix") or "nfs")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` in ``path``, readable by this user only (mode 0600), replaced at once."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _private_data_dir(settings) -> Path:
+    """The data directory, created 0700; what an earlier version left readable to
+    other users (the directory 0755, records.db 0644, the AOF) made this user's only."""
+    data = Path(settings.data_dir)
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    db = Path(settings.db_path)
+    redis_dir = data / "redis"
+    aof = redis_dir / "appendonlydir"
+    dirs = [data, redis_dir, aof, data / "worker"]
+    files = [data / "broker.url", data / "api_keys.json", data / "simulators.json", redis_dir / "server.log",
+             redis_dir / "server.conf", db, Path(f"{db}-wal"), Path(f"{db}-shm"), Path(f"{db}-journal")]
+    if aof.is_dir() and not aof.is_symlink():
+        files += list(aof.iterdir())
+    for path, mode in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+        try:
+            if path.is_symlink() or not path.exists() or path.stat().st_uid != os.getuid():
+                continue
+            if (path.stat().st_mode & 0o777) & ~mode:
+                os.chmod(path, mode)
+        except OSError:
+            continue
+    return data
+
+
+def _lock_data_dir(data: Path) -> int:
+    """An exclusive lock on ``data/notify.lock`` for as long as the returned file
+    descriptor (and any process it was passed to) lives: one ``notify run`` per data
+    directory. The kernel drops it when the holders exit, ``kill -9`` included."""
+    path = data / "notify.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        pid = holder if holder.isdigit() else "?"
+        raise CLIError(f"{data} is in use by another `notify run` (pid {pid}) or the broker it started; "
+                       f"one `notify run` per data directory (stop it, or set NOTIFY_DATA_DIR)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 # -- run / worker -----------------------------------------------------------
 
 
 def cmd_run(args) -> int:
+    import secrets
+
+    from pipeline.transport.client import public_url
+
     settings = _settings()
+    os.umask(0o077)  # every file of notify run and of its children: this user's only
+    data = _private_data_dir(settings)
+    lock = _lock_data_dir(data)  # held by the broker too, passed to it, until it exits
     server = None
     if settings.redis_url:
-        url = settings.redis_url
+        url = _checked(settings.redis_url, "REDIS_URL")
+        _probe(url)
+        print(f"broker {public_url(url)} (REDIS_URL; remembered in {_broker_file(settings)} while this runs)",
+              flush=True)
     else:
         from pipeline.embedded import EmbeddedRedis
 
-        server = EmbeddedRedis(Path(settings.data_dir) / "redis", port=args.port).start()
+        # a password of this run: the server asks every client for it; it is in
+        # data/broker.url (0600) and in the children's environment, never in argv
+        server = EmbeddedRedis(data / "redis", port=args.port, password=secrets.token_hex(24),
+                               pass_fds=(lock,)).start()
         url = server.url
-        _broker_file(settings).parent.mkdir(parents=True, exist_ok=True)
-        _broker_file(settings).write_text(url)
-        print(f"embedded server {url} (AOF everysec in {server.data_dir})", flush=True)
+        _write_private(_broker_file(settings), url)
+        print(f"embedded server {public_url(url)} (AOF everysec in {server.data_dir}; "
+              f"URL with its password in {_broker_file(settings)})", flush=True)
     env = dict(os.environ, NOTIFY_BROKER=url)
+    # the config's own providers when it has [routes] (README "Real providers"), else the simulators
+    args.providers = args.providers or ("config" if settings.routes else "simulators")
+    env["NOTIFY_PROVIDERS"] = args.providers
+    print(f"providers: {args.providers}" + (" ([providers.*] and [routes] of the config; `notify providers check` "
+                                            "tries them)" if args.providers == "config" else ""), flush=True)
     if args.providers == "simulators":
         # the simulators sign their receipts with secrets the API's receipts endpoint knows
         import secrets
@@ -89,7 +205,6 @@ def cmd_run(args) -> int:
             env.setdefault("NOTIFY_RECEIPTS_URL", f"http://127.0.0.1:{args.api_port}/v1/receipts")
     from pipeline import layout
     from pipeline.supervise import Child, Supervisor, redis_reporter
-    from pipeline.transport.keys import Keys
 
     workers = args.workers or layout.default_workers()
     info = str(Path(settings.data_dir).resolve() / "simulators.json") \
@@ -103,7 +218,7 @@ def cmd_run(args) -> int:
     workers_of = tuple(p.name for p in procs if "worker" in p.argv)
     children += [Child(p.name, _spawn(p.argv, p.env, p.waits_for),
                        restart_with=workers_of if p.name == "simulators" else ()) for p in procs]
-    sup = Supervisor(children, report=redis_reporter(url, Keys().supervisor))
+    sup = Supervisor(children, report=redis_reporter(url, _keys(url).supervisor))
     stop = {"now": False}
 
     def _stop(*_: Any) -> None:
@@ -111,6 +226,8 @@ def cmd_run(args) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    if server is None:  # remembered as the embedded server's is: later commands without REDIS_URL find it
+        _write_private(_broker_file(settings), url)
     try:
         sup.start()
         if args.api_port:
@@ -124,6 +241,24 @@ def cmd_run(args) -> int:
     finally:
         # the workers and the API first, so they release their leases while the broker answers
         sup.stop(until=lambda c: c.name == "broker")
+        try:  # the broker of a `notify run` that is gone: commands say "no broker" instead
+            if _broker_file(settings).read_text().strip() == url:
+                _broker_file(settings).unlink()
+        except OSError:
+            pass
+        os.close(lock)
+
+
+def _probe(url: str) -> None:
+    """A broker URL that cannot work is refused before anything starts (a database
+    other than 0 on a Redis Cluster); a broker that does not answer yet is waited for
+    by the workers, as before."""
+    from pipeline.transport.client import BrokerUnavailable
+
+    try:
+        _redis(url).close()
+    except BrokerUnavailable:
+        pass
 
 
 def _spawn(argv: Any, env: dict, waits_for: Optional[str] = None, timeout: float = 30.0) -> Any:
@@ -148,6 +283,9 @@ def cmd_worker(args) -> int:
         os.environ["NOTIFY_ROLE"] = args.role  # read when pipeline.app is imported below
     settings = _settings()
     os.environ.setdefault("NOTIFY_BROKER", broker_url(settings))
+    from pipeline.providers import check_at_start
+
+    check_at_start(settings)  # the config's credentials: a missing one is a ConfigError naming its key
     os.makedirs(os.path.join(settings.data_dir, "worker"), exist_ok=True)
     if os.environ.get("NOTIFY_METRICS_PORT"):
         from prometheus_client import start_http_server
@@ -225,8 +363,10 @@ def cmd_send(args) -> int:
     from pipeline.templates import Renderer
 
     if args.json:
-        try:
-            event = json.loads(Path(args.json[1:]).read_text() if args.json.startswith("@") else args.json)
+        import orjson
+
+        try:  # parsed as the API parses a body (orjson: no NaN, nesting and integers bounded)
+            event = orjson.loads(Path(args.json[1:]).read_bytes() if args.json.startswith("@") else args.json.encode())
         except (OSError, ValueError) as exc:
             raise CLIError(f"--json is not a JSON event: {exc}") from None
         if not isinstance(event, dict):
@@ -309,9 +449,8 @@ def _wait_applied(url: str, written: list, timeout: float = 15.0) -> None:
     copy of users' data) has committed past the entries ``written``, so the next
     `notify send` finds the user as set; at most ``timeout`` seconds."""
     from pipeline.roles import GROUPS
-    from pipeline.transport.keys import Keys
 
-    keys, r = Keys(), _redis(url)
+    keys, r = _keys(url), _redis(url)
     groups = [g for g in GROUPS if r.exists(keys.lease(g, 0))]
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -356,12 +495,28 @@ def cmd_user(args) -> int:
 
 # -- reading -----------------------------------------------------------------
 
+#: what must not reach a terminal from a stream entry: C0/C1 controls (ESC starts
+#: the sequences that retitle, clear or rewrite a terminal; a JSON text never holds
+#: one unescaped), line and paragraph separators, bidirectional overrides
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(value: Optional[bytes]) -> str:
+    """A stream entry's value as one line that cannot drive the terminal: bytes that
+    are not UTF-8 as ``\\xNN``, control characters as ``\\uNNNN`` (valid JSON
+    lines print unchanged)."""
+    if value is None:
+        return "null"
+    text = bytes(value).decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
 
 def _read_topic(url: str, topic: str, partitions: int, follow: bool, limit: Optional[int]):
     """The values of ``topic`` from its oldest kept entry (pipeline/reader.py)."""
     from pipeline.reader import TopicReader
 
-    for shown, (_p, _off, value) in enumerate(TopicReader(_redis(url), topic, partitions).read(follow), 1):
+    reader = TopicReader(_redis(url), topic, partitions, keys=_keys(url))
+    for shown, (_p, _off, value) in enumerate(reader.read(follow), 1):
         yield value
         if limit and shown >= limit:
             return
@@ -384,12 +539,13 @@ def cmd_outcomes(args) -> int:
             raise ValueError
     except ValueError as exc:
         raise CLIError(str(exc) if str(exc) else "--member must be i/n with 0 <= i < n") from None
-    reader = TopicReader(_redis(broker_url(settings)), OUTCOMES, settings.partitions, start=start, group=args.group,
-                         member=member)
+    url = broker_url(settings)
+    reader = TopicReader(_redis(url), OUTCOMES, settings.partitions, start=start, group=args.group,
+                         member=member, keys=_keys(url))
     shown = 0
     try:
         for _p, _off, v in reader.read(args.follow):
-            print(v.decode() if v else "null", flush=True)
+            print(_printable(v), flush=True)
             shown += 1
             if shown % 500 == 0:
                 reader.commit()
@@ -414,8 +570,10 @@ def cmd_dlq(args) -> int:
     url = broker_url(settings)
     letters = list(_read_topic(url, DLQ, settings.partitions, False, args.limit))
     if args.action == "ls":
-        for v in letters:
-            print(v.decode("utf-8", "replace") if v else "null")
+        from pipeline.redact import mask_letter_text
+
+        for v in letters:  # addresses masked, a replayable payload's too (it stays whole in the stream)
+            print(_printable(mask_letter_text(v).encode()))
         return 0
     wanted = []
     for v in letters:
@@ -497,6 +655,9 @@ def cmd_records(args) -> int:
             rows, _ = await store.find(biz_key=args.biz_key, limit=1000)
             for row in rows:
                 row["attempts"] = await store.attempts(row["delivery_id"])
+                devices = await store.deliveries(row["delivery_id"])  # a push: its delivery to each device
+                if devices:
+                    row["devices"] = devices
             return rows
         finally:
             await store.close()
@@ -559,27 +720,112 @@ def _replay_records(settings) -> int:
     return 0
 
 
+def cmd_slo(args) -> int:
+    """Seed 001's service level from the record store: this month (UTC) by
+    default, ``--month YYYY-MM``, or ``--since``/``--until``."""
+    from pipeline.rules import slo
+    from pipeline.store import RecordStore
+
+    settings = _settings()
+    if not Path(settings.db_path).exists():
+        raise CLIError(f"no record store at {settings.db_path}")
+    now = time.time()
+    try:
+        since, until = slo.month_range(args.month, now)
+        if args.since or args.until:
+            since = slo.parse_time(args.since) if args.since else since
+            until = slo.parse_time(args.until) if args.until else now
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if until <= since:
+        raise CLIError("--until must be after --since")
+
+    async def read() -> list:
+        store = await RecordStore(settings.db_path).open()
+        try:
+            return await store.slo_events(since, until)
+        finally:
+            await store.close()
+
+    report = slo.summarize(asyncio.run(read()), since, until, now)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(_slo_text(report))
+    return 0
+
+
+def _slo_text(report: dict) -> str:
+    def iso(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+    def line(name: str, s: dict) -> str:
+        ratio = "n/a" if s["ratio"] is None else f"{100 * s['ratio']:.3f}%"
+        mark = "" if "met" not in s else ("  met" if s["met"] else "  MISSED")
+        return (f"  {name:<12} {s['events']:>9} events  {ratio:>9} within {report['goal_s']:.0f} s{mark}"
+                f"  p50 {s['p50_ms']} ms  p99 {s['p99_ms']} ms  open {s['open_past_goal']} late"
+                f" + {s['open_in_goal']} in time")
+
+    out = [f"SLO {iso(report['since'])} .. {iso(report['until'])} UTC: "
+           f"{100 * report['target']:.1f}% of events terminal within {report['goal_s']:.0f} s of acceptance",
+           line("all", report["all"])]
+    out += [line(p, s) for p, s in report["priorities"].items()]
+    if report["deferred"]:
+        out.append("  deferred on purpose (quiet hours, send_at; not held to the goal):")
+        out += [line(c, s) for c, s in report["deferred"].items()]
+    return "\n".join(out)
+
+
 def cmd_status(args) -> int:
+    """Lag per topic, slots, processes, breakers. Every key is read by name (a
+    pipeline: one round trip per node on a Redis Cluster) except the slot leases,
+    found with SCAN, on every master of a cluster."""
+    from pipeline.reader import is_cluster_client
     from pipeline.topics import ALL, UNREAD
-    from pipeline.transport.keys import Keys
+    from pipeline.transport.client import public_url
 
     settings = _settings()
     url = broker_url(settings)
     r = _redis(url)
-    keys = Keys()
-    committed = {k.decode(): int(v) for k, v in r.hgetall(keys.offsets("notify")).items() if not k.endswith(b"@")}
-    print(f"broker {url}")
+    keys = _keys(url)
+
+    def num(v: Any) -> Optional[int]:  # whatever another writer left there: "?"
+        try:
+            return int(v or 0)
+        except (TypeError, ValueError):
+            return None
+
+    from pipeline.roles import offset_peers
+
+    # a priority topic is read by notify-priority when that process runs (pipeline/roles.py):
+    # as far as the furthest of the groups that take turns on it, as the API's lag says
+    peers = offset_peers("main")
+    offsets = {g: {k.decode("utf-8", "replace"): num(v) for k, v in r.hgetall(keys.offsets(g)).items()
+                   if not k.endswith(b"@")} for g in {"notify", *(g for gs in peers.values() for g in gs)}}
+
+    def committed_at(topic: str, p: int) -> Optional[int]:
+        got = [offsets[g].get(keys.tp_field(topic, p), 0) for g in ("notify", *peers.get(topic, ()))]
+        return None if None in got else max(got)
+    cluster = is_cluster_client(r)
+    print(f"broker {public_url(url)}" + (f" (Redis Cluster, {len(r.get_primaries())} masters)" if cluster else ""))
     print(f"{'topic':34} {'highwater':>10} {'committed':>10} {'lag':>8}")
+    pipe = r.pipeline(transaction=False)
     for topic in ALL:
-        hw = cm = 0
         for p in range(settings.partitions):
-            hw += int(r.get(keys.counter(topic, p)) or 0)
-            cm += committed.get(keys.tp_field(topic, p), 0)
+            pipe.get(keys.counter(topic, p))
+    counters = iter(pipe.execute())
+    for topic in ALL:
+        hws = [num(next(counters)) for p in range(settings.partitions)]
+        cms = [committed_at(topic, p) for p in range(settings.partitions)]
+        hw: Any = "?" if None in hws else sum(hws)
+        cm: Any = "?" if None in cms else sum(cms)
         if topic in UNREAD:  # no agent reads it: a depth, no lag
             print(f"{topic:34} {hw:>10} {'-':>10} {'-':>8}")
             continue
-        print(f"{topic:34} {hw:>10} {cm:>10} {hw - cm:>8}")
-    leases = {k.decode().rsplit(":", 1)[1]: r.get(k).decode() for k in r.scan_iter(keys.lease("notify", 0)[:-1] + "*")}
+        lag = "?" if "?" in (hw, cm) else hw - cm
+        print(f"{topic:34} {hw:>10} {cm:>10} {lag:>8}")
+    leases = {_printable(k).rsplit(":", 1)[1]: _printable(r.get(k) or b"-")
+              for k in r.scan_iter(keys.lease("notify", 0)[:-1] + "*")}
     print("slots:", ", ".join(f"{s}→{o}" for s, o in sorted(leases.items())) or "none held")
     from pipeline.transport.membership import format_group, read_group_sync
 
@@ -619,6 +865,56 @@ def print_processes(raw: dict) -> None:
               f"{'-' if st.get('last_exit') is None else st['last_exit']:>9}")
 
 
+def cmd_providers(args) -> int:
+    """``notify providers check [--config FILE]``: the config's providers, each built and
+    its credentials tried without sending anything (adapters/registry.py ``probe``), one
+    line each; exit 1 when one fails. Without [routes], the simulators ``notify run``
+    started, when it runs."""
+    from adapters.registry import check_all
+    from config.settings import load_settings
+
+    settings = load_settings(args.config) if args.config else _settings()
+    specs, routes, env, source = settings.providers, settings.routes, os.environ, "config"
+    info = Path(settings.data_dir) / "simulators.json"
+    if not routes and not any(s.kind for s in specs.values()):
+        if not info.exists():
+            print("no [routes] and no provider with a kind in the config: notify run uses the provider "
+                  "simulators (README \"Real providers\")")
+            return 0
+        from pipeline.layout import simulator_providers
+        from pipeline.providers import provider_specs
+
+        tables, env = simulator_providers(json.loads(info.read_text()))
+        (specs, routes), source = provider_specs(tables, settings), f"the simulators ({info})"
+    print(f"providers of {source}: " + "; ".join(f"{c}: {' → '.join(n) or '(off)'}" for c, n in routes.items()))
+    lines = asyncio.run(check_all(specs, routes, env, timeout=args.timeout))
+    for line in lines:
+        print(f"{line.name:14} {line.kind or '-':9} {'ok' if line.ok else 'FAILED'}: {_one_line(line.message, 1000)}",
+              flush=True)
+    return 1 if any(not line.ok for line in lines) else 0
+
+
+def cmd_callbacks(args) -> int:
+    """``ls``: the status callbacks waiting (soonest first: pending, retrying, in
+    flight) or, with ``--failed``, given up (newest first), one JSON line each;
+    ``replay``: given-up ones due again now with a fresh retry horizon (and, with
+    ``--pending``, the retrying ones now). pipeline/callback_queue.py."""
+    from pipeline import callback_queue
+
+    url = broker_url()
+    client = _redis(url)
+    try:
+        if args.action == "ls":
+            for row in callback_queue.list_callbacks(client, _keys(url).ns, failed=args.failed, limit=args.limit):
+                print(_printable(json.dumps(row, ensure_ascii=False).encode()))
+        else:
+            failed, pending = callback_queue.replay(client, _keys(url).ns, args.ids, pending=args.pending)
+            print(json.dumps({"replayed": failed, "due_now": pending}))
+    finally:
+        client.close()
+    return 0
+
+
 def cmd_api(args) -> int:
     """``notify api`` serves the HTTP API (pipeline/api); ``notify keys add|ls|rm``
     manages its API keys (the key itself is printed once, only its hash is kept)."""
@@ -635,9 +931,12 @@ def cmd_api(args) -> int:
         elif args.action == "add":
             if not args.name:
                 raise CLIError("keys add needs a producer name")
-            kid, key = auth.add_key(keys_path, args.name, args.scopes.replace(" ", ",").split(","))
-            print(json.dumps({"key_id": kid, "producer": args.name, "key": key, "file": keys_path}))
-            print("store the key now: it is not shown again", file=sys.stderr)
+            kid, key = auth.add_key(keys_path, args.name, args.scopes.replace(" ", ",").split(","),
+                                    callback_url=args.callback_url)
+            # the key and its status callback secret (agents/callbacks.py), both shown once
+            print(json.dumps({"key_id": kid, "producer": args.name, "key": key, "file": keys_path,
+                              **auth.key_callback(keys_path, kid)}))
+            print("store the key and its callback secret now: they are not shown again", file=sys.stderr)
         elif args.action == "ls":
             for k in auth.list_keys(keys_path):
                 print(json.dumps(k))
@@ -650,6 +949,8 @@ def cmd_api(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="notify", description="notify-stream: notifications as a stream pipeline")
+    ap.add_argument("--debug", action="store_true",
+                    help="the traceback of an unexpected error (also NOTIFY_DEBUG=1)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="embedded server (unless REDIS_URL) and workers")
     run.add_argument("--workers", type=int, default=0,
@@ -660,8 +961,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the simulators inside each worker process (as before), not in a process of their own")
     run.add_argument("--port", type=int, default=None, help="embedded server port (default: a free one)")
     run.add_argument("--api-port", type=int, default=8080, help="HTTP API port (0 = no API)")
-    run.add_argument("--providers", choices=["simulators", "fake"], default="simulators",
-                     help="provider simulators on 127.0.0.1 (default) or in-process fakes")
+    run.add_argument("--providers", choices=["config", "simulators", "fake"], default=None,
+                     help="the config's [providers]/[routes] (default when it has routes), the provider "
+                          "simulators on 127.0.0.1 (default otherwise) or in-process fakes")
     run.add_argument("--metrics-port", type=int, default=9100, help="first worker's /metrics port (0 = none)")
     run.add_argument("-l", "--loglevel", default="warn")
     run.set_defaults(fn=cmd_run)
@@ -715,8 +1017,26 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--events", type=int, default=2000)
     dm.add_argument("--users", type=int, default=2000)
     dm.set_defaults(fn=cmd_demo)
+    sl = sub.add_parser("slo", help="the service level from the record store (seed 001)")
+    sl.add_argument("--month", help="YYYY-MM (UTC); default this month")
+    sl.add_argument("--since", help="unix seconds or ISO 8601")
+    sl.add_argument("--until", help="unix seconds or ISO 8601; default now")
+    sl.add_argument("--json", action="store_true")
+    sl.set_defaults(fn=cmd_slo)
+    cb = sub.add_parser("callbacks", help="producers' status callbacks: ls [--failed] | replay [--pending] [ID ...]")
+    cb.add_argument("action", choices=["ls", "replay"])
+    cb.add_argument("ids", nargs="*", help="replay: these callbacks only (default: every given-up one)")
+    cb.add_argument("--failed", action="store_true", help="ls: the given-up ones (default: those waiting)")
+    cb.add_argument("--pending", action="store_true", help="replay: those waiting for a later retry too, now")
+    cb.add_argument("-n", "--limit", type=int, default=100)
+    cb.set_defaults(fn=cmd_callbacks)
     st = sub.add_parser("status", help="lag, slots")
     st.set_defaults(fn=cmd_status)
+    pv = sub.add_parser("providers", help="providers check [--config FILE]: try each provider's credentials")
+    pv.add_argument("action", choices=["check"])
+    pv.add_argument("--config", help="the config file (default NOTIFY_CONFIG)")
+    pv.add_argument("--timeout", type=float, default=10.0, help="seconds per provider")
+    pv.set_defaults(fn=cmd_providers)
     api = sub.add_parser("api", help="the HTTP API, /metrics and the status page")
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", type=int, default=8080)
@@ -727,27 +1047,64 @@ def build_parser() -> argparse.ArgumentParser:
     ks.add_argument("name", nargs="?", help="producer (add) or key id (rm)")
     ks.add_argument("--scopes", default="", help="comma-separated: events:write,records:read,users:write")
     ks.add_argument("--keys", help="API key file (default <data_dir>/api_keys.json)")
+    ks.add_argument("--callback-url", dest="callback_url",
+                    help="add: the producer's default status callback URL (README \"Status callbacks\")")
     ks.set_defaults(fn=cmd_api)
     return ap
 
 
+_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/@\s]*@")
+
+
+def _one_line(msg: str, limit: int = 600) -> str:
+    """An error message as one line: no credentials of a URL, no control characters."""
+    msg = _CREDENTIALS.sub(r"\1***@", " ".join(str(msg).split()))
+    msg = _printable(msg.encode("utf-8", "backslashreplace"))
+    return msg if len(msg) <= limit else msg[:limit] + "…"
+
+
+def _debug(args: Any) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("NOTIFY_DEBUG", "") not in ("", "0")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run one command. Errors are one line on stderr, never a traceback: 2 for what
+    the command refuses (bad input, no broker), 1 for what failed (the broker, a
+    file, the config), 1 with a hint for anything unexpected (``--debug`` or
+    ``NOTIFY_DEBUG=1`` shows its traceback)."""
     from pipeline import redact
 
     redact.install()  # recipients are masked in every log line of every command
+    os.umask(0o077)  # what a command creates (keys, records, worker state): this user's only
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except CLIError as exc:
-        print(f"notify: {exc}", file=sys.stderr)
+        print(f"notify: {_one_line(str(exc))}", file=sys.stderr)
         return 2
-    except Exception as exc:  # one clear line, never a traceback for expected failures
-        from config.settings import ConfigError
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `notify outcomes tail | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as exc:  # one clear line, never a traceback
+        from redis.exceptions import RedisClusterException, RedisError
 
-        if isinstance(exc, (ConfigError, ConnectionError, OSError)):
-            print(f"notify: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from config.settings import ConfigError
+        from pipeline.rules.validate import InvalidEvent
+        from pipeline.transport.client import BrokerURLError
+
+        if _debug(args):
+            raise
+        if isinstance(exc, (BrokerURLError, InvalidEvent)):
+            print(f"notify: {_one_line(str(exc))}", file=sys.stderr)
+            return 2
+        if isinstance(exc, (ConfigError, ConnectionError, OSError, RedisError, RedisClusterException)):
+            print(f"notify: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
             return 1
-        raise
+        print(f"notify: unexpected {type(exc).__name__}: {_one_line(str(exc))} "
+              f"(--debug or NOTIFY_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -120,12 +120,11 @@ def _summary(db: Path, prefix: str) -> str:
 
 def _wait_ready(url: str, timeout: float = 60.0) -> None:
     """Until both consumer groups of the default layout hold their slots (workers up)."""
-    import redis
-
     from pipeline.roles import GROUPS
-    from pipeline.transport.keys import Keys
 
-    keys, r = Keys(), redis.Redis.from_url(url.split("?")[0])
+    from .cli import _keys, _redis
+
+    keys, r = _keys(url), _redis(url)
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:
@@ -141,7 +140,7 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
 
     from config.settings import load_settings
 
-    from .cli import CLIError, _send_raw, broker_url
+    from .cli import CLIError, NoBroker, _send_raw, broker_url
 
     settings = load_settings()
     rng = random.Random(seed)
@@ -149,7 +148,7 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
     try:
         try:
             url = broker_url(settings)
-        except CLIError:
+        except NoBroker:
             # no pipeline running: start `notify run` as a user would (its default layout:
             # the priority process, a main worker per core, the simulators apart), no API
             flag = Path(settings.data_dir) / "broker.url"

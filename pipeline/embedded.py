@@ -2,6 +2,12 @@
 with AOF persistence (``appendfsync everysec``) in a data directory.
 
 Used by ``notify run`` when ``REDIS_URL`` is not set, and by the tests.
+
+With ``password`` the server requires it of every client (``requirepass``, from a
+config file of mode 0600 in the data directory, never on the command line, where
+any local user reads it); :attr:`EmbeddedRedis.url` then carries it
+(``redis://:<password>@127.0.0.1:<port>/0``). The server runs with umask 0o077:
+its directory, AOF and log are its user's only.
 """
 
 import os
@@ -44,34 +50,63 @@ class EmbeddedRedis:
         *,
         appendfsync: str = "everysec",
         extra: tuple[str, ...] = (),
+        password: Optional[str] = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.extra = extra
+        self.password = password
+        #: file descriptors the server inherits (``notify run``'s lock on its data
+        #: directory: held as long as this server runs, even if ``notify run`` is killed)
+        self.pass_fds = tuple(pass_fds)
         self.proc: Optional[subprocess.Popen] = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def config_file(self) -> Path:
+        return self.data_dir / "server.conf"
+
+    def _write_config(self) -> None:
+        """The settings that must not be on the command line, in a file only its owner reads."""
+        if not self.password:
+            return
+        if any(c.isspace() or c in "\"'" for c in self.password):
+            raise ValueError("the embedded server's password must have no spaces or quotes")
+        path = self.config_file
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"requirepass {self.password}\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
 
     def args(self) -> list[str]:
         return [
             server_binary(),
+            *([str(self.config_file)] if self.password else []),
             "--bind", "127.0.0.1",
             "--port", str(self.port),
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
             "--appendfsync", self.appendfsync,
             "--save", "",
-            "--protected-mode", "no",
+            "--protected-mode", "yes",
             "--logfile", "server.log",
             *self.extra,
         ]
 
     def start(self, timeout: float = 10.0) -> "EmbeddedRedis":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        self._write_config()
+        self.proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     umask=0o077, pass_fds=self.pass_fds)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -86,6 +121,11 @@ class EmbeddedRedis:
     def _ping(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                if self.password:
+                    pw = self.password.encode()
+                    s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+                    if not s.recv(64).startswith(b"+OK"):
+                        return False
                 s.sendall(b"PING\r\n")
                 return s.recv(64).startswith(b"+PONG")
         except OSError:

@@ -38,7 +38,7 @@ import faust
 import orjson
 from faust.exceptions import KeyDecodeError, ValueDecodeError
 
-from pipeline import metrics
+from pipeline import metrics, redact
 from pipeline.models import DeadLetter, Delivery, DeviceUpdate, Intent, Outcome, Preferences, Receipt, Timer
 from pipeline.rules import records
 from pipeline.rules.validate import InvalidEvent, parse_device_update, parse_preferences, parse_receipt
@@ -183,14 +183,26 @@ def dead_letter(source: str, reason: str, payload: Any, *, detail: Optional[str]
 async def send_dead_letter(dlq: Any, source: str, reason: str, payload: Any, *, detail: Optional[str] = None,
                            key: Any = None, partition: Optional[int] = None, offset: Optional[int] = None) -> None:
     """Count, log and send one dead letter to ``dlq``; never raises (a bad entry must
-    not crash what reads it, even when the dead letter cannot be written)."""
+    not crash what reads it, even when the dead letter cannot be written).
+
+    Addresses never reach the letter in clear where a person reads it: the detail,
+    the key and the reason are masked as free text (a phone number given as a time
+    zone, an e-mail address quoted by a parser, a webhook URL with its secret
+    path), and so is the payload (its address fields by kind), except the payload
+    of a letter ``notify dlq replay`` sends again (``expand``: an event; ``lane``: a
+    delivery, whose address the replay needs), kept whole and masked where it is
+    shown (``notify dlq ls``, the status page: :func:`pipeline.redact.mask_dead_letter`)."""
     metrics.dead_letters.labels(source, reason).inc()
+    reason = redact.mask_text(reason)
+    detail = redact.mask_text(detail) if detail else detail
     where = f"{source}[{partition}]@{offset}" if partition is not None else source
     log.warning("dead letter from %s: %s: %s", where, reason, detail or "")
     if dlq is None:
         return
-    text = _text(key) or None
+    text = redact.mask_text(_text(key)) or None
     try:
+        if source not in redact.REPLAYABLE:
+            payload = redact.mask_payload(_text(payload)[:65536])
         letter = dead_letter(source, reason, payload, detail=detail, key=text, partition=partition, offset=offset)
         await dlq.send(key=(text or source)[:256], value=letter)
     except Exception:  # noqa: BLE001 - never crash the consumer over a bad entry

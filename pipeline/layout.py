@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["Proc", "plan", "default_workers", "describe"]
+__all__ = ["Proc", "plan", "default_workers", "describe", "simulator_providers", "SIMULATOR_ROUTES"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,81 @@ def describe(procs: list[Proc]) -> str:
         extra = f"  metrics :{p.metrics_port}" if p.metrics_port else ""
         lines.append(f"  {p.name:12} {sys.executable.rsplit('/', 1)[-1]} -m {' '.join(p.argv)}{extra}")
     return "\n".join(lines)
+
+
+# -- the simulators as providers ------------------------------------------------
+
+#: the simulators' routes: one provider of each kind, named as the kind
+SIMULATOR_ROUTES = {
+    "inbox": ["inbox"],
+    "push": ["apns", "fcm", "hms"],
+    "sms": ["twilio", "smsvendor"],
+    "email": ["smtp"],
+    "webhook": ["webhook"],
+}
+
+
+def simulator_providers(info: dict, timeout: float = 5.0) -> tuple[dict, dict]:
+    """The provider config of the simulators described by ``info`` (what ``python -m
+    adapters.simulators --info`` writes, or ``Simulators.as_dict()``): the same
+    ``[providers.*]`` and ``[routes]`` tables a deployment writes for the real
+    services (README "Real providers"), their endpoints the simulators' addresses.
+    Returns ``(tables, secrets)``: ``tables`` as TOML would give them, with every
+    credential an ``*_env`` reference; ``secrets`` the values of those references
+    (handed over in memory, never put in the environment)."""
+    import json
+
+    from adapters.simulators.twilio_sim import IDEMPOTENCY_HEADER, RECONCILE_PARAM
+    from adapters.webhook import endpoint_of
+
+    receipts = info.get("receipts_url")
+
+    def receipt_url(provider: str) -> Optional[str]:
+        if not receipts:
+            return None
+        return receipts.format(provider=provider) if "{provider}" in receipts else receipts.rstrip("/") + "/" + provider
+
+    apns, sa, tw, vendor, smtp = (info["apns"], info["fcm"]["service_account"], info["twilio"], info["smsvendor"],
+                                  info["smtp"])
+    secrets = {
+        "NOTIFY_SIM_APNS_KEY": apns["private_key"],
+        "NOTIFY_SIM_FCM_SERVICE_ACCOUNT": json.dumps(sa),
+        "NOTIFY_SIM_TWILIO_AUTH_TOKEN": tw["auth_token"],
+        "NOTIFY_SIM_VENDOR_API_KEY": vendor["api_key"],
+        "NOTIFY_SIM_WEBHOOK_SECRET": info["webhook"]["secret"],
+    }
+    providers: dict = {
+        "apns": {"kind": "apns", "base_url": apns["base_url"], "team_id": apns["team_id"], "key_id": apns["key_id"],
+                 "topic": apns["topic"], "key_env": "NOTIFY_SIM_APNS_KEY", "timeout": timeout},
+        "fcm": {"kind": "fcm", "base_url": info["fcm"]["base_url"],
+                "service_account_env": "NOTIFY_SIM_FCM_SERVICE_ACCOUNT", "timeout": timeout},
+        "twilio": {"kind": "twilio", "base_url": tw["base_url"], "account_sid": tw["account_sid"],
+                   "auth_token_env": "NOTIFY_SIM_TWILIO_AUTH_TOKEN", "from_number": tw["from_number"],
+                   "idempotency_header": IDEMPOTENCY_HEADER,
+                   "reconcile_param": tw.get("reconcile_param", RECONCILE_PARAM), "timeout": timeout},
+        "smsvendor": {"kind": "smsvendor", "base_url": vendor["base_url"], "api_key_env": "NOTIFY_SIM_VENDOR_API_KEY",
+                      "sender": "NOTIFY", "timeout": timeout},
+        "smtp": {"kind": "smtp", "host": smtp["host"], "port": smtp["port"], "start_tls": bool(smtp.get("starttls")),
+                 "timeout": timeout, "from_addr": "notify@example.com", "msgid_domain": "notify.example.com"},
+        # the receiver simulator's own address and port, nothing else of this machine
+        "webhook": {"kind": "webhook", "secret_env": "NOTIFY_SIM_WEBHOOK_SECRET",
+                    "allow": [endpoint_of(info["webhook"]["url"])], "timeout": timeout},
+        "inbox": {"kind": "inbox"},
+    }
+    hms = info.get("hms")  # simulators started before Push Kit's was added have none
+    if hms:
+        providers["hms"] = {"kind": "hms", "base_url": hms["base_url"], "token_url": hms["token_url"],
+                            "client_id": hms["client_id"], "app_id": hms["app_id"],
+                            "client_secret_env": "NOTIFY_SIM_HMS_CLIENT_SECRET", "timeout": timeout}
+        secrets["NOTIFY_SIM_HMS_CLIENT_SECRET"] = hms["client_secret"]
+    if receipt_url("twilio"):
+        providers["twilio"]["status_callback"] = receipt_url("twilio")
+        providers["smsvendor"]["callback_url"] = receipt_url("smsvendor")
+    if smtp.get("username"):
+        providers["smtp"].update(username=smtp["username"], password_env="NOTIFY_SIM_SMTP_PASSWORD")
+        secrets["NOTIFY_SIM_SMTP_PASSWORD"] = smtp.get("password") or ""
+    if smtp.get("cert_pem"):
+        providers["smtp"]["ca_env"] = "NOTIFY_SIM_SMTP_CA"
+        secrets["NOTIFY_SIM_SMTP_CA"] = smtp["cert_pem"]
+    routes = {c: [n for n in names if n in providers] for c, names in SIMULATOR_ROUTES.items()}
+    return {"providers": providers, "routes": routes}, secrets

@@ -12,6 +12,20 @@ send_latency = Histogram(
     "notify_send_latency_seconds", "Provider call latency", ["channel", "priority"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+#: seed 001's service level, as it happens (the report: ``notify slo``, GET /v1/slo)
+to_terminal = Histogram(
+    "notify_acceptance_to_terminal_seconds",
+    "A delivery's acceptance -> its first terminal state (deliveries deferred on purpose count their wait: "
+    "the SLO report sets them apart)",
+    ["priority"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 3600),
+)
+no_channel = Counter("notify_no_channel_total",
+                     "Notifications dropped because no channel was left (opted out or unreachable, and the "
+                     "category has no inbox fallback)", ["category", "reason"])
+backpressure = Gauge("notify_backpressure", "1 while the throttled categories wait (pipeline/rules/backpressure.py)")
+backlog_age = Gauge("notify_backlog_oldest_seconds",
+                    "Oldest unprocessed entry of any lane or intents topic, as this worker last read it")
 breaker_state = Gauge("notify_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", ["provider"])
 scheduled = Gauge("notify_scheduled_backlog", "Timers held by this worker")
 
@@ -41,3 +55,9 @@ rebalance_seconds = Histogram(
 )
 group_generation = Gauge("notify_group_generation", "Group generation whose assignment this worker applied")
 member_expelled = Counter("notify_member_expelled_total", "Times this worker was expelled from its group")
+
+# push to every device (pipeline/rules/plan.py per_device, agents/users.py)
+push_devices_not_sent = Counter("notify_push_devices_not_sent_total",
+                                "Devices a push did not go to: over [channels.push] max_devices, the oldest")
+push_devices_dropped = Counter("notify_push_devices_dropped_total",
+                               "Push tokens dropped at registration: the user had [channels.push] max_devices newer")

@@ -91,6 +91,10 @@ class Event(_Record):
     priority: Optional[str] = None
     send_at: Optional[float] = None
     accepted_at: float = 0.0
+    #: the producer whose key space ``biz_key`` belongs to ("" = the operator's)
+    producer: str = ""
+    #: where every state change of the event's notifications is POSTed (signed; agents/callbacks.py)
+    callback_url: Optional[str] = None
     v: int = SCHEMA_VERSION
 
 
@@ -111,6 +115,9 @@ class Intent(_Record):
     accepted_at: float = 0.0
     #: set when a deferred intent comes back from the scheduler (quiet hours passed)
     resumed: bool = False
+    producer: str = ""
+    #: times backpressure deferred it (pipeline/rules/backpressure.py)
+    deferrals: int = 0
     v: int = SCHEMA_VERSION
 
 
@@ -138,6 +145,13 @@ class Delivery(_Record):
     #: an operator's replay round (``notify dlq replay``): a replayed delivery is a new
     #: round of the same delivery, which the lane's inflight table lets through once
     replay: int = 0
+    producer: str = ""
+    #: the template version rendered (a gray release may give a newer one than asked)
+    template_version: int = 0
+    #: a push to one of the user's devices: how many devices this notification went
+    #: to (its record's deliveries, docs/SCHEMA.md "Push to every device"); 0 = a
+    #: delivery of the whole channel
+    devices: int = 0
     v: int = SCHEMA_VERSION
 
 
@@ -180,6 +194,14 @@ class Outcome(_Record):
     latency_ms: float = 0.0
     #: human detail of the reason (e.g. which template variable was missing)
     detail: Optional[str] = None
+    producer: str = ""
+    #: the version of the user's preferences the decision was taken with
+    pref_version: int = 0
+    #: the template version used (asked for, or a gray release's)
+    template_version: int = 0
+    #: an outcome of a push to one device (``delivery_id`` is that device's delivery):
+    #: how many devices the notification went to; 0 = of the whole channel
+    devices: int = 0
     v: int = SCHEMA_VERSION
 
 
@@ -188,13 +210,17 @@ class Preferences(_Record):
 
     ``switches`` maps ``"<category>.<channel>"`` (or ``"*.<channel>"``,
     ``"<category>.*"``) to on/off; anything not listed is on.
-    ``quiet_hours`` is ``"HH:MM-HH:MM"`` in ``tz`` (IANA), or None.
+    ``quiet_hours`` is ``"HH:MM-HH:MM"`` in ``tz`` (IANA), or None;
+    ``channel_quiet_hours`` overrides it per channel, with several windows each.
     """
 
     user_id: str
     version: int = 0
     switches: dict[str, bool] = {}
     quiet_hours: Optional[str] = None
+    #: quiet windows per channel (``{"push": ["22:00-07:00"], "sms": []}``): a channel
+    #: listed here uses its own (``[]``: never quiet), the others ``quiet_hours``
+    channel_quiet_hours: dict[str, list[str]] = {}
     tz: str = "UTC"
     phone: Optional[str] = None
     email: Optional[str] = None
@@ -208,7 +234,7 @@ class DeviceUpdate(_Record):
 
     user_id: str
     token: str
-    platform: str = "apns"  # apns | fcm
+    platform: str = "apns"  # apns | fcm | hms (pipeline.rules.validate.PUSH_PLATFORMS)
     op: str = "add"  # add | remove
     at: float = 0.0
     v: int = SCHEMA_VERSION

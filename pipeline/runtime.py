@@ -1,13 +1,20 @@
 """Process-wide resources of a worker, opened once and lazily: the record store
 and the provider dispatcher.
 
-``NOTIFY_PROVIDERS``: ``fake`` (default; in-process fakes, see adapters/fake.py)
-or ``simulators`` (the protocol-level simulators, started in this process, with
-the real adapters pointed at them). With ``simulators`` and
-``NOTIFY_SIMULATORS=<file>`` (the JSON ``python -m adapters.simulators --info``
-writes), the adapters point at simulators already running in another process
-instead, so a provider's state and call ledger outlive this worker (the fault
-suite kills workers); ``NOTIFY_PROVIDER_TIMEOUT`` (s, default 5) is their timeout.
+The providers are a provider config built by :mod:`adapters.registry`; which one
+(``NOTIFY_PROVIDERS``: ``config``, the settings' own ``[providers.*]`` and
+``[routes]``, the default when the config has routes; ``fake``, the default
+otherwise; ``simulators``) is :mod:`pipeline.providers`. With ``simulators`` the
+simulators are started in this process, or, with ``NOTIFY_SIMULATORS=<file>`` (the
+JSON ``python -m adapters.simulators --info`` writes), the adapters point at
+simulators already running in another process, so a provider's state and call
+ledger outlive this worker (the fault suite kills workers);
+``NOTIFY_PROVIDER_TIMEOUT`` (s, default 5) is their timeout.
+
+With the simulators, a user's webhook URL may reach the receiver simulator's
+own address and port and nothing else on this machine (adapters/webhook.py);
+``NOTIFY_WEBHOOK_ALLOW`` (comma-separated ``127.0.0.1:9000``, ``[::1]:9000``,
+CIDRs or host names) allows more, explicitly: a receiver a developer runs locally.
 """
 
 import asyncio
@@ -16,10 +23,10 @@ import os
 from typing import Any, Awaitable, Callable, Optional
 
 from adapters.dispatch import Dispatcher
-from adapters.fake import FakeProvider
-from adapters.inbox import InboxProvider
 
 from .app import settings
+from .layout import SIMULATOR_ROUTES as ROUTES_SIM  # noqa: F401  (re-exported)
+from .providers import ROUTES_FAKE, fake_providers, provider_set, provider_source  # noqa: F401  (re-exported)
 from .store import RecordStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -28,31 +35,6 @@ _store: Optional[RecordStore] = None
 _dispatcher: Optional[Dispatcher] = None
 _lock = asyncio.Lock()
 simulators: Any = None
-
-ROUTES_FAKE = {
-    "inbox": ["inbox"],
-    "push": ["apns", "fcm"],
-    "sms": ["sms_a", "sms_b"],
-    "email": ["email"],
-    "webhook": ["webhook"],
-}
-ROUTES_SIM = {
-    "inbox": ["inbox"],
-    "push": ["apns", "fcm"],
-    "sms": ["twilio", "smsvendor"],
-    "email": ["smtp"],
-    "webhook": ["webhook"],
-}
-
-
-def fake_providers() -> dict:
-    latency = float(os.environ.get("NOTIFY_FAKE_LATENCY", "0"))
-    out: dict = {"inbox": InboxProvider()}
-    for name, channel in (("apns", "push"), ("fcm", "push"), ("sms_a", "sms"), ("sms_b", "sms"),
-                          ("email", "email"), ("webhook", "webhook")):
-        out[name] = FakeProvider(name, channel, latency_s=latency, primary=name != "sms_b")
-    return out
-
 
 async def store() -> RecordStore:
     global _store
@@ -85,33 +67,36 @@ async def dispatcher() -> Dispatcher:
     if _dispatcher is None:
         async with _lock:
             if _dispatcher is None:
+                from adapters.registry import breaker_settings
+
                 from . import metrics
 
-                kind = os.environ.get("NOTIFY_PROVIDERS", "fake")
-                if kind == "simulators" and os.environ.get("NOTIFY_SIMULATORS"):
-                    import orjson
+                info = None
+                if provider_source(settings) == "simulators":
+                    if os.environ.get("NOTIFY_SIMULATORS"):
+                        import orjson
 
-                    from adapters.simulators import build_providers_from_info
+                        with open(os.environ["NOTIFY_SIMULATORS"], "rb") as fh:
+                            info = orjson.loads(fh.read())
+                    else:
+                        from adapters.simulators import start_all
 
-                    with open(os.environ["NOTIFY_SIMULATORS"], "rb") as fh:
-                        info = orjson.loads(fh.read())
-                    timeout = float(os.environ.get("NOTIFY_PROVIDER_TIMEOUT", "5"))
-                    providers, routes = build_providers_from_info(info, timeout), ROUTES_SIM
-                elif kind == "simulators":
-                    from adapters.simulators import start_all
-
-                    simulators = await start_all(
-                        os.environ.get("NOTIFY_RECEIPTS_URL"),
-                        twilio_auth_token=os.environ.get("NOTIFY_TWILIO_AUTH_TOKEN"),
-                        vendor_secret=os.environ.get("NOTIFY_VENDOR_SECRET"),
-                    )
-                    providers, routes = simulators.build_providers(), ROUTES_SIM
-                else:
-                    providers, routes = fake_providers(), ROUTES_FAKE
+                        simulators = await start_all(
+                            os.environ.get("NOTIFY_RECEIPTS_URL"),
+                            twilio_auth_token=os.environ.get("NOTIFY_TWILIO_AUTH_TOKEN"),
+                            vendor_secret=os.environ.get("NOTIFY_VENDOR_SECRET"),
+                        )
+                        info = simulators.as_dict()
+                built, specs = provider_set(settings, info=info)
+                providers, routes = built.providers, built.routes
+                log.info("providers (%s): %s", provider_source(settings), "; ".join(
+                    f"{c}: " + " → ".join(f"{n} ({k or '-'}{', ' + e if e else ''})" for n, k, e in chain)
+                    for c, chain in built.describe().items()))
+                _allow_webhooks(providers, os.environ.get("NOTIFY_WEBHOOK_ALLOW", ""))
                 b = settings.breaker
                 breaker = {"failure_threshold": b.failure_threshold, "reset_timeout": b.reset_timeout_s,
                            "half_open_max": b.half_open_max}
-                rates = {n: (p.rate, p.burst) for n, p in settings.providers.items() if n in providers}
+                rates = {n: (p.rate, p.burst) for n, p in specs.items() if n in providers and p.rate is not None}
                 board = _breaker_board()
 
                 def on_change(name: str, old: str, new: str) -> None:
@@ -120,9 +105,24 @@ async def dispatcher() -> Dispatcher:
 
                 _dispatcher = Dispatcher(providers, routes, rates=rates, breaker=breaker, on_breaker_change=on_change,
                                          on_fault=metrics.on_provider_fault)
+                for name, spec in specs.items():  # a provider's own [providers.<name>.breaker]
+                    if name in _dispatcher.breakers and spec.breaker:
+                        for k, v in breaker_settings(breaker, spec).items():
+                            setattr(_dispatcher.breakers[name], k, v)
                 for name in providers:
                     board.note(name, "closed")  # where every worker's breakers start
     return _dispatcher
+
+
+def _allow_webhooks(providers: dict, entries: str) -> None:
+    """An operator's explicit additions to the webhook guard's allowlist."""
+    from adapters.webhook import WebhookProvider, allowlist
+
+    extra = allowlist([entries])
+    for hook in providers.values():
+        if extra and isinstance(hook, WebhookProvider):
+            hook.guard.extend(extra)
+            log.warning("webhook targets allowed besides public addresses: %s", ", ".join(hook.guard.allow))
 
 
 def _breaker_board():

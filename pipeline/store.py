@@ -16,7 +16,13 @@ Tables
     ``user_id`` is TEXT) plus ``delivery_id``, ``notification_id``,
     ``category``, ``priority``, ``updated_at``, ``delivered_at``,
     ``accepted_at`` (when the event was accepted at the entrance) and
-    ``latency_ms``; ``UNIQUE (biz_key, user_id, channel)``. ``id`` is the rowid,
+    ``latency_ms``, ``producer`` (whose key space the business key belongs to;
+    ``''`` for the operator's) and ``pref_version`` (the user's preferences
+    version the decision was taken with), ``scheduled_at`` (when it was
+    deferred on purpose: quiet hours, ``send_at``), ``template_version`` (the
+    version rendered: a gray release may give a newer one than asked); ``UNIQUE (producer, biz_key,
+    user_id, channel)``: seed 000's rule within one producer's key space (a
+    file from before is rebuilt once on open). ``id`` is the rowid,
     assigned on insert, so new records append to the table b-tree and ``id``
     orders records by creation (used as the pagination cursor).
 
@@ -32,6 +38,13 @@ Tables
     ``provider_msg_id``, ``error`` and ``delivery_id``; primary key
     ``(delivery_id, seq)``, ``WITHOUT ROWID`` (one b-tree, clustered by
     delivery: ``attempts(delivery_id)`` is one range read).
+
+``device_deliveries``
+    A push's delivery to each of the user's devices, under the push's one record,
+    whose state is derived from them (pipeline/store_devices.py: DELIVERED or
+    ACCEPTED as soon as one device's provider took it, FAILED only once every
+    device's failed). An outcome whose ``delivery_id`` is a device's
+    (``<record's delivery_id>.<device>``) goes to both.
 
 ``inbox`` / ``inbox_unread``
     The in-app inbox (``delivery_id`` unique, so a replayed delivery adds no
@@ -60,18 +73,21 @@ import logging
 import sqlite3
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import aiosqlite
 
-from . import ids
+from . import ids, store_devices
 from .models import State
+from .rules.slo import EventRow
 from .rules.states import PRECEDENCE, RANK, TERMINAL
 
 # aiosqlite logs a DEBUG record per statement, from its thread; with log records
 # redacted as they are made (pipeline/redact.py) that cost ~15% of a worker's CPU
 # under load for lines nobody reads
 logging.getLogger("aiosqlite").setLevel(logging.WARNING)
+log = logging.getLogger("notify.store")
 
 __all__ = ["RecordStore", "StoreUnavailable", "InvalidOutcome", "InboxItem", "RECORD_COLUMNS"]
 
@@ -82,6 +98,7 @@ FOLD_TURN = 256
 _K = 10**16
 _STATE_ACCEPTED = State.ACCEPTED
 _STATE_DELIVERED = State.DELIVERED
+_STATE_SCHEDULED = State.SCHEDULED
 
 
 class StoreUnavailable(Exception):
@@ -133,7 +150,11 @@ CREATE TABLE IF NOT EXISTS notify_record (
     state_key       INTEGER NOT NULL,
     provider_key    INTEGER,
     msg_key         INTEGER,
-    UNIQUE (biz_key, user_id, channel)
+    producer        TEXT    NOT NULL DEFAULT '',
+    pref_version    INTEGER,
+    scheduled_at    REAL,
+    template_version INTEGER,
+    UNIQUE (producer, biz_key, user_id, channel)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS ux_record_delivery ON notify_record (delivery_id);
 CREATE INDEX IF NOT EXISTS ix_record_notification ON notify_record (notification_id);
@@ -199,13 +220,16 @@ _OBJECTS = (
     "ix_record_user", "ix_record_created", "attempts", "inbox", "ix_inbox_user", "inbox_unread",
     "tr_inbox_insert", "tr_inbox_read", "tr_inbox_unread", "tr_inbox_delete",
 )  # fmt: skip
+# a push's deliveries, one per device, under its one record (pipeline/store_devices.py)
+_SCHEMA += store_devices.SCHEMA
+_OBJECTS += store_devices.OBJECTS
 
 #: what queries return for a record (seed 000's columns first)
 RECORD_COLUMNS: tuple[str, ...] = (
     "id", "biz_key", "user_id", "channel", "template_code", "status", "reason",
     "provider", "provider_msg_id", "retry_count", "created_at", "sent_at",
     "delivery_id", "notification_id", "category", "priority", "updated_at",
-    "delivered_at", "accepted_at", "latency_ms",
+    "delivered_at", "accepted_at", "latency_ms", "producer", "pref_version", "template_version",
 )  # fmt: skip
 _RECORD_SELECT = ", ".join(RECORD_COLUMNS)
 
@@ -221,14 +245,18 @@ _ROW_COLUMNS = (
     "status", "reason", "state_key",
     "provider", "provider_key", "provider_msg_id", "msg_key",
     "retry_count", "created_at", "updated_at", "sent_at", "delivered_at", "accepted_at",
-    "latency_ms",
+    "latency_ms", "producer", "pref_version", "scheduled_at", "template_version",
 )  # fmt: skip
 (
     _DID, _NID, _BIZ, _UID, _CH, _TPL, _CAT, _PRI,
     _STATUS, _REASON, _SKEY,
     _PROV, _PKEY, _MSG, _MKEY,
-    _RETRY, _CREATED, _UPDATED, _SENT, _DELIVERED, _ACCEPTED, _LATENCY,
+    _RETRY, _CREATED, _UPDATED, _SENT, _DELIVERED, _ACCEPTED, _LATENCY, _PRODUCER, _PREFV, _SCHEDULED, _TPLV,
 ) = range(len(_ROW_COLUMNS))  # fmt: skip
+#: the positions store_devices.row reads
+_IX = SimpleNamespace(STATUS=_STATUS, REASON=_REASON, SKEY=_SKEY, PROV=_PROV, PKEY=_PKEY, MSG=_MSG, MKEY=_MKEY,
+                      RETRY=_RETRY, CREATED=_CREATED, UPDATED=_UPDATED, SENT=_SENT, DELIVERED=_DELIVERED,
+                      LATENCY=_LATENCY)
 
 
 def _least(col: str) -> str:
@@ -272,6 +300,10 @@ _UPSERT = (
             f"delivered_at = {_least('delivered_at')}",
             f"accepted_at = {_least('accepted_at')}",
             f"latency_ms = {_least('latency_ms')}",
+            "pref_version = coalesce(max(pref_version, excluded.pref_version), pref_version, excluded.pref_version)",
+            f"scheduled_at = {_least('scheduled_at')}",
+            "template_version = coalesce(max(template_version, excluded.template_version), template_version,"
+            " excluded.template_version)",
         )
     )
 )
@@ -348,7 +380,9 @@ def _row(o: Any) -> list[Any]:
         o.retry_count or 0, at, at,
         at if state == _STATE_ACCEPTED else None,
         at if state == _STATE_DELIVERED else None,
-        acc, latency,
+        acc, latency, o.producer or "", o.pref_version or None,
+        at if state == _STATE_SCHEDULED else None,
+        getattr(o, "template_version", 0) or None,
     ]  # fmt: skip
 
 
@@ -376,8 +410,11 @@ def _merge_rows(a: list[Any], b: list[Any]) -> None:
         a[_CREATED] = b[_CREATED]
     if b[_UPDATED] > a[_UPDATED]:
         a[_UPDATED] = b[_UPDATED]
-    for i in (_SENT, _DELIVERED, _ACCEPTED, _LATENCY):
+    for i in (_SENT, _DELIVERED, _ACCEPTED, _LATENCY, _SCHEDULED):
         a[i] = _least_py(a[i], b[i])
+    for i in (_PREFV, _TPLV):
+        if b[i] is not None and (a[i] is None or b[i] > a[i]):
+            a[i] = b[i]
 
 
 def _field(obj: Any, name: str, default: Any = None) -> Any:
@@ -460,6 +497,7 @@ class RecordStore:
             )
             if present != len(_OBJECTS):  # (an existing file may be read-only: no DDL then)
                 await db.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA + "\nCOMMIT;")
+            await self._migrate(db)
             if self.path == ":memory:":  # one connection: reads queue behind writes
                 self._ro = db
                 self._rlock = self._wlock
@@ -475,6 +513,27 @@ class RecordStore:
                 raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
             raise
         return self
+
+    async def _migrate(self, db: aiosqlite.Connection) -> None:
+        """A file made before records kept their producer and preferences version:
+        rebuild ``notify_record`` with both columns and the producer-scoped UNIQUE
+        rule (existing rows: the operator's key space, ``producer = ''``)."""
+        cols = [r[1] for r in await db.execute_fetchall("PRAGMA table_info(notify_record)")]
+        if not cols or all(c in cols for c in _ROW_COLUMNS):
+            return
+        keep = ", ".join(c for c in _ROW_COLUMNS if c in cols)
+        indexes = ("ux_record_delivery", "ix_record_notification", "ix_record_provider_msg",
+                   "ix_record_user", "ix_record_created")
+        log.warning("%s: adding %s to notify_record (one-time rebuild)", self.path,
+                    ", ".join(c for c in _ROW_COLUMNS if c not in cols))
+        await db.executescript(
+            "BEGIN IMMEDIATE;\n"
+            + "".join(f"DROP INDEX IF EXISTS {i};\n" for i in indexes)
+            + "ALTER TABLE notify_record RENAME TO notify_record_old;\n"
+            + _SCHEMA
+            + f"\nINSERT INTO notify_record (id, {keep}) SELECT id, {keep} FROM notify_record_old;\n"
+            + "DROP TABLE notify_record_old;\nCOMMIT;"
+        )
 
     async def _pragmas(self, db: aiosqlite.Connection) -> None:
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
@@ -571,6 +630,7 @@ class RecordStore:
         if not outcomes:
             return
         folded: dict[str, list[Any]] = {}
+        devices: dict[str, list[Any]] = {}  # device delivery id → [record id, devices, row]
         attempts: list[tuple[Any, ...]] = []
         bad: list[Any] = []
         for i, o in enumerate(outcomes):
@@ -584,6 +644,15 @@ class RecordStore:
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
                 bad.append(o)
                 continue
+            rid = ids.record_id(row[_DID])
+            if rid != row[_DID]:  # a push to one device: its delivery, then its record
+                dev = devices.get(row[_DID])
+                if dev is None:
+                    devices[row[_DID]] = [rid, getattr(o, "devices", 0) or 0, list(row)]
+                else:
+                    dev[1] = max(dev[1], getattr(o, "devices", 0) or 0)
+                    _merge_rows(dev[2], row)
+                row[_DID] = rid
             prev = folded.get(row[_DID])
             if prev is None:
                 folded[row[_DID]] = row
@@ -592,11 +661,15 @@ class RecordStore:
         if bad:
             raise InvalidOutcome(f"{len(bad)} outcome(s) with an unknown state or bad fields", bad)
         rows = list(folded.values())
+        device_rows = [store_devices.row(rid, did, n, r, _IX) for did, (rid, n, r) in devices.items()]
+        push = [r[_DID] for r in rows if r[_CH] == "push"]
 
         async def work(db: aiosqlite.Connection) -> None:
             await db.executemany(_UPSERT, rows)
             if attempts:
                 await db.executemany(_INSERT_ATTEMPT, attempts)
+            if push:
+                await store_devices.apply(db, device_rows, push, _K)
 
         try:
             await self._write(work)
@@ -608,7 +681,7 @@ class RecordStore:
                 for o in outcomes
                 if not all(isinstance(v, str) for v in (o.biz_key, o.user_id, o.channel,
                                                          o.notification_id, o.template))
-                or o.delivery_id != ids.delivery_id(o.biz_key, o.user_id, o.channel)
+                or ids.record_id(o.delivery_id) != ids.delivery_id(o.biz_key, o.user_id, o.channel, o.producer or "")
             ]  # fmt: skip
             if not culprits:
                 raise
@@ -729,6 +802,8 @@ class RecordStore:
         """The record of a delivery id, or every channel's record of a notification id."""
         key = delivery_or_notification_id
         col = "delivery_id" if "." in key else "notification_id"
+        if col == "delivery_id":
+            key = ids.record_id(key)  # a push's delivery to one device: its record
         rows = await self._read(
             f"SELECT {_RECORD_SELECT} FROM notify_record WHERE {col} = ? ORDER BY channel", (key,)
         )
@@ -751,10 +826,15 @@ class RecordStore:
         user_id: Optional[str] = None,
         limit: int = 50,
         cursor: Optional[int] = None,
+        producer: Optional[str] = None,
     ) -> tuple[list[dict[str, Any]], Optional[int]]:
-        """Records newest first (by id), filtered; returns (rows, next cursor or None)."""
+        """Records newest first (by id), filtered (``producer``: only that
+        producer's records); returns (rows, next cursor or None)."""
         limit = max(1, min(int(limit), 1000))
         where, params = [], []
+        if producer is not None:
+            where.append("producer = ?")
+            params.append(producer)
         if biz_key is not None:
             where.append("biz_key = ?")
             params.append(biz_key)
@@ -772,10 +852,37 @@ class RecordStore:
         rows = [dict(r) for r in await self._read(sql, params)]
         return rows, (rows[-1]["id"] if len(rows) == limit else None)
 
+    async def slo_events(self, since: float, until: float, producer: Optional[str] = None) -> list[Any]:
+        """The events (one producer's business key) whose records were created in
+        ``[since, until)``, aggregated for :func:`pipeline.rules.slo.summarize`:
+        priority, category, acceptance, the slowest record's latency (None while
+        any record is in flight) and whether any was deferred."""
+        sql = ("SELECT max(priority), max(category), min(coalesce(accepted_at, created_at)),"
+               " CASE WHEN max(latency_ms IS NULL) THEN NULL ELSE max(latency_ms) END,"
+               " max(scheduled_at IS NOT NULL) FROM notify_record WHERE created_at >= ? AND created_at < ?")
+        params: list[Any] = [since, until]
+        if producer is not None:
+            sql += " AND producer = ?"
+            params.append(producer)
+        sql += " GROUP BY producer, biz_key"
+        return [EventRow(p or "", c or "", float(a), lat, bool(d)) for p, c, a, lat, d in await self._read(sql, params)]
+
     async def attempts(self, delivery_id: str) -> list[dict[str, Any]]:
+        """The provider calls of a delivery; of a record, also those of its deliveries to
+        each device (``delivery_id`` tells them apart)."""
         rows = await self._read(
-            f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts WHERE delivery_id = ? ORDER BY seq",
-            (delivery_id,),
+            f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts WHERE delivery_id = ?"
+            " OR (delivery_id > ? AND delivery_id < ?) ORDER BY delivery_id, seq",
+            (delivery_id, delivery_id + ".", delivery_id + "/"),
+        )
+        return [dict(r) for r in rows]
+
+    async def deliveries(self, record_id: str) -> list[dict[str, Any]]:
+        """A record's deliveries to each device (a push), oldest first; [] for a record
+        delivered as a whole (pipeline/store_devices.py)."""
+        rows = await self._read(
+            f"SELECT {', '.join(store_devices.COLUMNS)} FROM device_deliveries WHERE record_id = ?"
+            " ORDER BY created_at, delivery_id", (record_id,),
         )
         return [dict(r) for r in rows]
 

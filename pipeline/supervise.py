@@ -171,10 +171,10 @@ class Supervisor:
 
 def redis_reporter(url: str, key: str) -> Callable[[dict[str, dict]], None]:
     """A report callback writing the states to the hash ``key`` at ``url``."""
-    import redis
+    from pipeline.transport.client import sync_client
 
     host = socket.gethostname()
-    client = redis.Redis.from_url(url.split("?")[0], socket_timeout=1, socket_connect_timeout=1)
+    client = sync_client(url, socket_timeout=1, socket_connect_timeout=1)
 
     fresh = {"yes": True}
 

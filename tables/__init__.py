@@ -8,6 +8,7 @@ preferences    user_id → Preferences                       agents.users (notif
 devices        user_id → [[platform, token, at], ...]      agents.users (notify.devices)
 dedup          "<user>|<biz_key>|<channel>" → [seen, replay token, category]  agents.guard
 daily          "<user>|<category>|<local day>" → count     agents.guard (two days kept)
+recent_sends   "<user>|<category>" → [send time, ...]      agents.guard (sliding windows)
 timers         timer_id → Timer                            agents.scheduler
 =============  ==========================================  ===========================
 
@@ -18,7 +19,7 @@ Dedup and daily keys of expired windows are removed by the guard's purge
 from pipeline.app import app, settings
 from pipeline.models import Preferences, Timer
 
-__all__ = ["preferences", "devices", "dedup", "daily", "timers"]
+__all__ = ["preferences", "devices", "dedup", "daily", "recent_sends", "timers"]
 
 _P = settings.partitions
 
@@ -26,6 +27,7 @@ preferences = app.Table("preferences", default=None, value_type=Preferences, par
 devices = app.Table("devices", default=None, partitions=_P)
 dedup = app.Table("dedup", default=None, partitions=_P)
 daily = app.Table("daily", default=int, partitions=_P)
+recent_sends = app.Table("recent_sends", default=None, partitions=_P)
 timers = app.Table("timers", default=None, value_type=Timer, partitions=_P)
 
 #: delivery_id → {"a": attempt, "s": state} written durably *before* a provider call

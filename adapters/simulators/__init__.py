@@ -6,6 +6,7 @@ simulator  protocol                             auth
 =========  ===================================  ==========================================
 apns       HTTP/2 cleartext (prior knowledge)   ES256 provider JWT (kid / iss / iat)
 fcm        HTTP/1.1, FCM v1 + OAuth token URL   RS256 JWT grant → Bearer access token
+hms        HTTP/1.1, Push Kit v1 + OAuth URL    client credentials → Bearer access token
 twilio     HTTP/1.1, Twilio Messages API        Basic AccountSid:AuthToken
 smsvendor  HTTP/1.1, JSON vendor API            X-Api-Key
 smtp       SMTP (aiosmtpd), optional STARTTLS   optional AUTH PLAIN/LOGIN
@@ -47,14 +48,16 @@ from ..apns import ApnsConfig, ApnsProvider
 from ..base import Provider
 from ..email_smtp import SmtpConfig, SmtpProvider
 from ..fcm import FcmConfig, FcmProvider
+from ..hms import HmsConfig, HmsProvider
 from ..inbox import InboxProvider
 from ..receipts import MemoryReplayGuard, ReceiptVerifier, ReplayGuard
 from ..sms_twilio import TwilioConfig, TwilioSmsProvider
 from ..sms_vendor import VendorSmsConfig, VendorSmsProvider
-from ..webhook import WebhookConfig, WebhookProvider
+from ..webhook import WebhookConfig, WebhookProvider, endpoint_of
 from .apns_sim import ApnsSim
 from .common import SimProfile
 from .fcm_sim import FcmSim
+from .hms_sim import HmsSim
 from .smtp_sim import SmtpSim
 from .twilio_sim import IDEMPOTENCY_HEADER, RECONCILE_PARAM, TwilioSim
 from .vendor_sim import VendorSim
@@ -79,13 +82,15 @@ class Simulators:
     vendor: VendorSim
     smtp: SmtpSim
     webhook: WebhookSim
+    hms: HmsSim
     receipts_url: Optional[str] = None
     _started: list[Any] = field(default_factory=list, repr=False)
     _ledger_fd: Optional[int] = field(default=None, repr=False)
 
     @property
     def all(self) -> dict[str, Any]:
-        return {"apns": self.apns, "fcm": self.fcm, "twilio": self.twilio, "smsvendor": self.vendor, "smtp": self.smtp, "webhook": self.webhook}
+        return {"apns": self.apns, "fcm": self.fcm, "twilio": self.twilio, "smsvendor": self.vendor, "smtp": self.smtp, "webhook": self.webhook,
+                "hms": self.hms}
 
     def urls(self) -> dict[str, str]:
         return {
@@ -96,6 +101,8 @@ class Simulators:
             "smsvendor": self.vendor.base_url,
             "smtp": f"smtp://{self.smtp.host}:{self.smtp.port}",
             "webhook": self.webhook.url("ok"),
+            "hms": self.hms.base_url,
+            "hms_token_url": self.hms.token_url,
         }
 
     # ------------------------------------------------------------ provider configs
@@ -135,7 +142,11 @@ class Simulators:
                 from_addr="notify@example.com",
                 msgid_domain="notify.example.com",
             ),
-            "webhook": WebhookConfig(secret=self.webhook.secret, allow=("127.0.0.0/8", "::1"), timeout=timeout),
+            # the receiver simulator's own address and port, nothing else of this machine
+            "webhook": WebhookConfig(secret=self.webhook.secret, allow=(endpoint_of(self.webhook.base_url),),
+                                     timeout=timeout),
+            "hms": HmsConfig(**self.hms.credentials(), base_url=self.hms.base_url, token_url=self.hms.token_url,
+                             timeout=timeout),
         }
 
     def build_providers(self, timeout: float = 5.0) -> dict[str, Provider]:
@@ -147,6 +158,7 @@ class Simulators:
             "smsvendor": VendorSmsProvider(c["smsvendor"]),
             "smtp": SmtpProvider(c["smtp"]),
             "webhook": WebhookProvider(c["webhook"]),
+            "hms": HmsProvider(c["hms"]),
             "inbox": InboxProvider(),
         }
 
@@ -191,6 +203,7 @@ class Simulators:
             "smsvendor": {**self.vendor.credentials(), "base_url": self.vendor.base_url},
             "smtp": {**self.smtp.credentials(), "cert_pem": self.smtp.cert_pem.decode() if self.smtp.cert_pem else None},
             "webhook": {**self.webhook.credentials(), "url": self.webhook.url("ok")},
+            "hms": {**self.hms.credentials(), "base_url": self.hms.base_url, "token_url": self.hms.token_url},
         }
 
     async def stop(self) -> None:
@@ -240,6 +253,7 @@ async def start_all(
             password=secrets.token_hex(8) if smtp_auth else None,
         ),
         webhook=WebhookSim(profile, host=host),
+        hms=HmsSim(profile, host=host),
         receipts_url=receipts_url,
     )
     # separate SimCore per simulator but one profile object: give each its own rng
@@ -303,7 +317,11 @@ def build_providers_from_info(info: dict[str, Any], timeout: float = 5.0) -> dic
             start_tls=True if smtp.get("starttls") else False,
             tls_context=client_tls_context(smtp["cert_pem"].encode()) if smtp.get("cert_pem") else None,
             timeout=timeout, from_addr="notify@example.com", msgid_domain="notify.example.com")),
-        "webhook": WebhookProvider(WebhookConfig(secret=info["webhook"]["secret"], allow=("127.0.0.0/8", "::1"),
-                                                 timeout=timeout)),
+        "webhook": WebhookProvider(WebhookConfig(secret=info["webhook"]["secret"],
+                                                 allow=(endpoint_of(info["webhook"]["url"]),), timeout=timeout)),
+        **({"hms": HmsProvider(HmsConfig(client_id=info["hms"]["client_id"], client_secret=info["hms"]["client_secret"],
+                                         app_id=info["hms"]["app_id"], base_url=info["hms"]["base_url"],
+                                         token_url=info["hms"]["token_url"], timeout=timeout))}
+           if "hms" in info else {}),
         "inbox": InboxProvider(),
     }

@@ -15,6 +15,10 @@
   app whose APNs credential the project lacks answers 401 UNAUTHENTICATED with
   errorCode THIRD_PARTY_AUTH_ERROR (token prefix ``tpauth…``, or every token
   while ``third_party_auth_broken`` is set), whatever our access token.
+* ``"validate_only": true`` (as FCM: the request is checked, nothing is
+  delivered; ledger op ``validate``) → 200 ``…/messages/fake_message_id``, or
+  400 INVALID_ARGUMENT for a token no device holds (``bad…``, ``gone…``,
+  ``notify-auth-probe``): what ``notify providers check`` asks.
 * Token-prefix scenarios: ``bad…`` → 400 INVALID_ARGUMENT (registration
   token), ``gone…`` → 404 UNREGISTERED, ``throttle…`` → 429 QUOTA_EXCEEDED
   with Retry-After on the first call, ``flaky…`` → 503 UNAVAILABLE on the
@@ -170,6 +174,15 @@ class FcmSim(HttpSim):
             core.record(**entry, status=400, outcome="INVALID_ARGUMENT", accepted=False)
             return _gerr(400, "INVALID_ARGUMENT", "Invalid value at 'message.android.priority'", "INVALID_ARGUMENT")
         notification = message.get("notification") or {}
+        if body.get("validate_only") is True:
+            # as FCM: the request checked, nothing delivered; no device holds a made-up token
+            entry["op"] = "validate"
+            if token_scenario(token) in ("bad_token", "gone") or token.startswith("notify-auth-probe"):
+                core.record(**entry, status=400, outcome="INVALID_ARGUMENT", accepted=False)
+                return _gerr(400, "INVALID_ARGUMENT", "The registration token is not a valid FCM registration token",
+                             "INVALID_ARGUMENT")
+            core.record(**entry, status=200, outcome="validated", accepted=False)
+            return web.json_response({"name": f"projects/{self.project_id}/messages/fake_message_id"})
         d = core.decide(key or token, token_scenario(token) or text_scenario(notification.get("body")))
         if d.delay:
             await asyncio.sleep(d.delay)

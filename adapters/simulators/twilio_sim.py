@@ -3,6 +3,9 @@
 * ``POST /2010-04-01/Accounts/{AccountSid}/Messages.json`` (form: To, From or
   MessagingServiceSid, Body, StatusCallback) with HTTP Basic auth
   ``AccountSid:AuthToken`` (401 code 20003 otherwise) → 201 Message resource.
+* ``GET /2010-04-01/Accounts/{AccountSid}.json`` → the Account resource (``status``
+  ``active``), 401 code 20003 without the right Basic auth: a credentials check
+  that sends nothing (``notify providers check``; ledger op ``auth``).
 * ``GET …/Messages/{Sid}.json`` → the resource (status ``queued`` → ``sent`` →
   ``delivered`` | ``undelivered``), 404 code 20404.
 * ``GET …/Messages.json?To=&NotifyIdempotencyKey=`` lists messages, newest
@@ -90,6 +93,7 @@ class TwilioSim(HttpSim):
 
     def add_routes(self, app: web.Application) -> None:
         base = "/2010-04-01/Accounts/{sid}"
+        app.router.add_get(base + ".json", self._account)
         app.router.add_post(base + "/Messages.json", self._create)
         app.router.add_get(base + "/Messages.json", self._list)
         app.router.add_get(base + "/Messages/{msid}.json", self._fetch)
@@ -109,6 +113,21 @@ class TwilioSim(HttpSim):
         out = {k: v for k, v in msg.items() if not k.startswith("_")}
         out["uri"] = f"/2010-04-01/Accounts/{self.account_sid}/Messages/{msg['sid']}.json"
         return out
+
+    # ------------------------------------------------------------------ account
+
+    async def _account(self, request: web.Request) -> web.Response:
+        """``GET /2010-04-01/Accounts/{sid}.json``: the Account resource, as Twilio
+        answers it: what ``notify providers check`` asks to try the credentials."""
+        ok = self._authorized(request)
+        self.core.record(op="auth", method="GET", path=request.path, key="", status=200 if ok else 401)
+        if not ok:
+            return _error(401, 20003, "Authenticate")
+        return web.json_response({
+            "sid": self.account_sid, "friendly_name": "notify simulator", "status": "active", "type": "Full",
+            "owner_account_sid": self.account_sid, "date_created": _rfc2822(time.time()),
+            "uri": f"/2010-04-01/Accounts/{self.account_sid}.json",
+        })
 
     # ------------------------------------------------------------------ create
 

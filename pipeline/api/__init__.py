@@ -18,8 +18,6 @@ def serve(host: str = "127.0.0.1", port: int = 8080, **kwargs) -> None:
     """Run the API until interrupted (what ``notify api`` does)."""
     import logging
 
-    from aiohttp import web
-
     from pipeline import redact
 
     redact.install()  # no recipient, device token (access log paths) or API key in the API's logs
@@ -32,5 +30,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, **kwargs) -> None:
     broker_url = kwargs.pop("broker_url")
     store_path = kwargs.pop("store_path", None) or settings.db_path
     app = make_app(settings, broker_url=broker_url, store_path=store_path, **kwargs)
-    web.run_app(app, host=host, port=port, print=lambda msg: print(f"notify api on http://{host}:{port}", flush=True),
-                access_log=None)
+    # aiohttp's server with the door's limits: header and body deadlines, malformed
+    # requests answered in the API's JSON shape (pipeline/api/server.py)
+    from .server import run
+
+    run(app, host, port, settings=settings, on_ready=lambda: print(f"notify api on http://{host}:{port}", flush=True))

@@ -14,7 +14,7 @@ Endpoints and scopes (``Authorization: Bearer <key>``, see :mod:`.auth`)::
     DELETE /v1/users/{id}/devices/{token}      users:write
     GET    /v1/users/{id}/inbox                records:read
     POST   /v1/users/{id}/inbox/read           users:write
-    POST   /v1/receipts/{provider}             provider signature (twilio, smsvendor)
+    POST   /v1/receipts/{provider}             provider signature (twilio, smsvendor; a sendgrid or ses provider's name)
     GET    /  /healthz  /metrics  /v1/status.json  /v1/openapi.json     open
 
 Redis keys of the API (``<ns>`` is the transport's prefix, ``nfs`` by default)
@@ -58,11 +58,16 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from adapters.receipts import ReceiptRejected, ReceiptVerifier, RedisReplayGuard
+from adapters.receipts_email import email_receipt_config, email_receipts
 from pipeline import ids
 from pipeline import topics as T
 from pipeline.models import DeviceUpdate, Event
+from config.settings import CHANNELS
+from pipeline.rules import release, slo
 from pipeline.rules.states import RANK
+from pipeline.rules.priority import PRIORITY_ANY_HEADER, PRIORITY_ANY_SCOPE, above_cap
 from pipeline.rules.validate import MAX_ID, TOKEN_RE, InvalidEvent, check_params, parse_event, parse_preferences
+from pipeline.rules.validate import PUSH_PLATFORMS, id_problem
 from pipeline.store import RecordStore
 from pipeline.transport.client import connect, parse_url
 from pipeline.transport.keys import Keys
@@ -85,6 +90,7 @@ PROVIDERS = ("twilio", "smsvendor")
 _MAX_VERSION = 2**63 - 1
 
 _NID_RE = re.compile(r"^n_[0-9a-f]{20}$")
+_RELEASE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 _DID_RE = re.compile(r"^n_[0-9a-f]{20}\.(inbox|push|sms|email|webhook)$")
 
 #: compare-and-delete of a claim (only the request that took it releases it)
@@ -120,6 +126,9 @@ def _record(row: dict[str, Any]) -> dict[str, Any]:
         "delivered_at": row["delivered_at"],
         "accepted_at": row["accepted_at"],
         "latency_ms": row["latency_ms"],
+        "producer": row["producer"],
+        "pref_version": row["pref_version"],
+        "template_version": row["template_version"],
     }
 
 
@@ -281,8 +290,19 @@ class Api:
         if self.client is not None:
             await self.client.aclose()
 
-    def biz_key(self, biz_key: str) -> str:
-        return f"{self.ns}:api:biz:{biz_key}"
+    def biz_key(self, biz_key: str, producer: str = "") -> str:
+        """A business key's idempotency record, in its producer's key space
+        (producer names never hold a '/')."""
+        return f"{self.ns}:api:biz:{producer}/{biz_key}" if producer else f"{self.ns}:api:biz:{biz_key}"
+
+    @staticmethod
+    def _reader_scope(request: web.Request) -> Optional[str]:
+        """Whose records the caller may read: its own producer's, or every
+        producer's (None) with the ``admin`` scope."""
+        principal = request.get(PRINCIPAL)
+        if principal is None or "admin" in principal.scopes:
+            return None
+        return principal.producer
 
     @property
     def prefs_key(self) -> str:
@@ -290,8 +310,38 @@ class Api:
 
     # -- helpers ------------------------------------------------------------
 
+    @property
+    def body_timeout(self) -> float:
+        api = getattr(self.settings, "api", None)
+        return float(getattr(api, "body_timeout_s", 30.0))
+
+    async def _read(self, request: web.Request) -> bytes:
+        """The request's body, within ``[api] body_timeout_s`` (408 and the
+        connection closed after it: a client holding a half-sent body holds
+        nothing longer); a body that does not decode as its Content-Encoding says
+        is a 400, not a 500 with a traceback."""
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                return await request.read()
+        except TimeoutError:
+            err = api_error(408, "body_timeout", f"the body did not arrive within {self.body_timeout:g} s")
+            err.force_close()
+            raise err from None
+        except web.RequestPayloadError:
+            # e.g. "Content-Encoding: gzip" over a body that is not gzip
+            err = api_error(400, "bad_body", "the body could not be read as its Content-Encoding and "
+                            "Transfer-Encoding say (nothing was taken)")
+            err.force_close()
+            raise err from None
+        except ConnectionResetError:
+            # the client left mid-body: nobody reads an answer, nothing to log but a line
+            log.debug("client left before sending its body: %s %s", request.method, request.path)
+            err = api_error(400, "bad_body", "the connection closed before the body arrived")
+            err.force_close()
+            raise err from None
+
     async def _json_body(self, request: web.Request, *, optional: bool = False) -> Any:
-        raw = await request.read()
+        raw = await self._read(request)
         if not raw.strip():
             if optional:
                 return None
@@ -303,9 +353,14 @@ class Api:
 
     @staticmethod
     def _user_id(request: web.Request) -> str:
-        uid = request.match_info["id"].strip()
+        raw = request.match_info["id"]
+        uid = raw.strip()
         if not uid or len(uid) > MAX_ID:
             raise api_error(400, "bad_value", f"user ids are 1..{MAX_ID} characters", field="id")
+        problem = id_problem(raw)
+        if problem is not None:
+            raise api_error(400, "bad_value", f"no control, format or separator characters in a user id: "
+                            f"{problem}", field="id")
         return uid
 
     @staticmethod
@@ -321,24 +376,24 @@ class Api:
             raise api_error(400, "bad_value", f"{name} must be in {lo}..{hi}", field=name)
         return value
 
-    async def _all_records(self, biz_key: str) -> list[dict[str, Any]]:
+    async def _all_records(self, biz_key: str, producer: str) -> list[dict[str, Any]]:
         assert self.store is not None
         rows: list[dict[str, Any]] = []
         cursor = None
         while True:
-            page, cursor = await self.store.find(biz_key=biz_key, limit=1000, cursor=cursor)
+            page, cursor = await self.store.find(biz_key=biz_key, limit=1000, cursor=cursor, producer=producer)
             rows.extend(page)
             if cursor is None:
                 return rows
 
-    async def _states(self, biz_key: str, recipients: list[str]) -> list[dict[str, Any]]:
+    async def _states(self, biz_key: str, recipients: list[str], producer: str) -> list[dict[str, Any]]:
         """The original ids of a biz_key with their current states (PENDING if not recorded yet)."""
         by_nid: dict[str, list[dict[str, Any]]] = {}
-        for row in await self._all_records(biz_key):
+        for row in await self._all_records(biz_key, producer):
             by_nid.setdefault(row["notification_id"], []).append(row)
         out = []
         for user in recipients:
-            nid = ids.notification_id(biz_key, user)
+            nid = ids.notification_id(biz_key, user, producer)
             rows = sorted(by_nid.get(nid, []), key=lambda r: r["channel"])
             out.append({
                 "user_id": user,
@@ -354,14 +409,17 @@ class Api:
 
     # -- events -------------------------------------------------------------
 
-    def _parse_event(self, raw: bytes) -> Event:
-        ev = self._parse_event_fields(raw)
+    def _parse_event(self, raw: bytes, priority_any: bool = False) -> Event:
+        ev = self._parse_event_fields(raw, priority_any)
         check_params(ev, self.renderer)  # missing_params: 422, the variables named
         return ev
 
-    def _parse_event_fields(self, raw: bytes) -> Event:
+    def _parse_event_fields(self, raw: bytes, priority_any: bool = False) -> Event:
+        # now: send_at is bounded both ways at the door; priority: capped by the
+        # category unless the key holds priority:any
+        kw = {"now": time.time(), "priority_any": priority_any}
         try:
-            return parse_event(raw, self.settings, self.renderer)
+            return parse_event(raw, self.settings, self.renderer, **kw)
         except InvalidEvent as exc:
             if exc.reason != "wrong_type":
                 raise
@@ -371,11 +429,13 @@ class Api:
                 raise exc from None
             if not _coerce_integers(data, ("v", "template_version"), ("recipients",)):
                 raise
-            return parse_event(orjson.dumps(data), self.settings, self.renderer)
+            return parse_event(orjson.dumps(data), self.settings, self.renderer, **kw)
 
     @requires("events:write")
     async def post_events(self, request: web.Request) -> web.Response:
-        raw = await request.read()
+        raw = await self._read(request)
+        principal = request.get(PRINCIPAL)
+        priority_any = principal is not None and PRIORITY_ANY_SCOPE in principal.scopes
         head = raw.lstrip()[:1]
         batch = head == b"["
         if batch:
@@ -390,17 +450,16 @@ class Api:
             events = []
             for i, item in enumerate(items):
                 try:
-                    events.append(self._parse_event(orjson.dumps(item)))
+                    events.append(self._parse_event(orjson.dumps(item), priority_any))
                 except InvalidEvent as exc:
                     field = f"[{i}]" + (f".{exc.field}" if exc.field else "")
                     status = _STATUS.get(exc.reason, 400)
                     raise api_error(status, exc.reason, str(exc), field=field, index=i) from None
         else:
             try:
-                events = [self._parse_event(raw)]
+                events = [self._parse_event(raw, priority_any)]
             except InvalidEvent as exc:
                 raise api_error(_STATUS.get(exc.reason, 400), exc.reason, str(exc), field=exc.field) from None
-        principal = request.get(PRINCIPAL)
         results = await self._accept(events, principal.producer if principal else "")
         if not batch:
             r = results[0]
@@ -423,14 +482,15 @@ class Api:
         claims: dict[int, tuple[str, bytes, dict[str, Any]]] = {}
         prepared: dict[int, tuple[Event, str]] = {}
         for i, ev in enumerate(events):
-            ev = Event(**{**ev.asdict(), "accepted_at": now})
+            # the caller's key space: a producer field in the body is replaced
+            ev = Event(**{**ev.asdict(), "accepted_at": now, "producer": producer})
             fp = fingerprint(ev)
             prepared[i] = (ev, fp)
             if ev.biz_key in first:
                 continue
             first[ev.biz_key] = i
             rec = {"fp": fp, "at": now, "st": "claim", "recipients": ev.recipients, "token": secrets.token_hex(8)}
-            claims[i] = (self.biz_key(ev.biz_key), orjson.dumps(rec), rec)
+            claims[i] = (self.biz_key(ev.biz_key, producer), orjson.dumps(rec), rec)
 
         pipe = self.client.pipeline(transaction=False)
         for key, value, _rec in claims.values():
@@ -453,8 +513,12 @@ class Api:
         if ours:
             hdr = [("producer", producer.encode())] if producer else []
             # OTPs on notify.events.high: they never wait behind a campaign in notify.events
+            # an event above its category's priority cap (only a priority:any key gets one
+            # through) carries the mark that lets expand keep it (pipeline/rules/priority.py)
             msgs = [(T.event_topic(self.settings, ev.category, ev.priority), T.event_key(ev.biz_key, ev.recipients),
-                     ev.dumps(), hdr)
+                     ev.dumps(),
+                     hdr + [PRIORITY_ANY_HEADER] if above_cap(self.settings.category(ev.category), ev.priority)
+                     else hdr)
                     for ev in (prepared[i][0] for i in ours)]
             try:
                 await self.writer.send(msgs)
@@ -480,7 +544,8 @@ class Api:
                     "biz_key": ev.biz_key,
                     "accepted_at": now,
                     "notifications": [
-                        {"user_id": u, "notification_id": ids.notification_id(ev.biz_key, u)} for u in ev.recipients
+                        {"user_id": u, "notification_id": ids.notification_id(ev.biz_key, u, producer)}
+                        for u in ev.recipients
                     ],
                 }
 
@@ -494,6 +559,11 @@ class Api:
             if j != i and done is not None and done["status"] == "accepted":
                 rec = {"fp": prepared[j][1], "at": now, "st": "ok", "recipients": prepared[j][0].recipients}
             results[i] = await self._repeat(ev, fp, rec)
+        for i, (ev, _fp) in prepared.items():
+            res = results[i]
+            if res is not None and res["status"] in ("accepted", "duplicate"):
+                # the lane the event runs on: its own priority, capped by its category, else the category's
+                res["priority"] = ev.priority or self.settings.category(ev.category).priority
         return results  # type: ignore[return-value]
 
     async def _repeat(self, ev: Event, fp: str, rec: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -517,7 +587,8 @@ class Api:
             "status": "duplicate",
             "biz_key": ev.biz_key,
             "accepted_at": rec.get("at"),
-            "notifications": await self._states(ev.biz_key, list(rec.get("recipients") or ev.recipients)),
+            "notifications": await self._states(ev.biz_key, list(rec.get("recipients") or ev.recipients),
+                                                ev.producer),
         }
 
     async def _release(self, claims: list[tuple[str, bytes, dict[str, Any]]]) -> None:
@@ -539,6 +610,9 @@ class Api:
             raise api_error(404, "not_found", "not a notification id (n_…) or delivery id (n_….<channel>)",
                             field="id")
         rows = await self.store.get(key)
+        scope = self._reader_scope(request)
+        if scope is not None:  # another producer's notification is not found, not forbidden
+            rows = [r for r in rows if r["producer"] == scope]
         if not rows:
             raise api_error(404, "not_found", "no record for this id (an accepted notification appears once "
                             "the pipeline records its first state)", field="id")
@@ -567,12 +641,76 @@ class Api:
             raise api_error(400, "bad_value", f"user_id is at most {MAX_ID} characters", field="user_id")
         limit = self._int_param(request, "limit", 50, 1, 1000)
         cursor = self._int_param(request, "cursor", None, 1, 2**62)
-        rows, nxt = await self.store.find(biz_key=biz_key, user_id=user_id, limit=limit, cursor=cursor)
+        rows, nxt = await self.store.find(biz_key=biz_key, user_id=user_id, limit=limit, cursor=cursor,
+                                          producer=self._reader_scope(request))
         return json_response({"items": [_record(r) for r in rows], "next_cursor": nxt})
+
+    @requires("records:read", query=("since", "until", "month"))
+    async def get_slo(self, request: web.Request) -> web.Response:
+        """Seed 001's service level over the caller's events (every producer's
+        with ``admin``): ``month=YYYY-MM`` (default: this month, UTC), or
+        ``since``/``until`` (unix seconds or ISO 8601)."""
+        assert self.store is not None
+        now = time.time()
+        q = request.query
+        field = "month"
+        try:
+            since, until = slo.month_range(q.get("month"), now)
+            if "since" in q or "until" in q:
+                field = "since"
+                since = slo.parse_time(q["since"]) if "since" in q else since
+                field = "until"
+                until = slo.parse_time(q["until"]) if "until" in q else now
+        except ValueError as exc:
+            raise api_error(400, "bad_value", str(exc), field=field) from None
+        if until <= since:
+            raise api_error(400, "bad_value", "until must be after since", field="until")
+        rows = await self.store.slo_events(since, until, producer=self._reader_scope(request))
+        return json_response(slo.summarize(rows, since, until, now))
+
+    # -- gray releases (pipeline/rules/release.py) ---------------------------
+
+    async def _releases(self) -> list[dict[str, Any]]:
+        raw = await self.client.hgetall(self.rkeys.releases)
+        out = {r.name: {**r.as_dict(), "source": "config"} for r in self.settings.releases}
+        for k, v in raw.items():
+            name = k.decode() if isinstance(k, bytes) else str(k)
+            try:
+                out[name] = {**release.parse_release(name, orjson.loads(v), CHANNELS).as_dict(), "source": "api"}
+            except (ValueError, orjson.JSONDecodeError, TypeError):
+                continue
+        return [out[n] for n in sorted(out)]
+
+    @requires("admin")
+    async def list_releases(self, request: web.Request) -> web.Response:
+        return json_response({"items": await self._releases()})
+
+    @requires("admin")
+    async def put_release(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if not _RELEASE_RE.fullmatch(name):
+            raise api_error(400, "bad_value", "release names are a-z, 0-9, _ and -, up to 64", field="name")
+        body = await self._json_body(request)
+        try:
+            r = release.parse_release(name, body, CHANNELS)
+        except ValueError as exc:
+            field = str(exc).split(":", 1)[0].removeprefix(f"releases.{name}").lstrip(".") or None
+            raise api_error(400, "bad_value", str(exc).split(": ", 1)[-1], field=field) from None
+        if r.template is not None and not self.renderer.has_template(r.template, r.version):
+            raise api_error(400, "unknown_template", f"no template {r.template} v{r.version}", field="version")
+        await self.client.hset(self.rkeys.releases, name, orjson.dumps(r.as_dict()))
+        return json_response({**r.as_dict(), "source": "api"})
+
+    @requires("admin")
+    async def delete_release(self, request: web.Request) -> web.Response:
+        removed = await self.client.hdel(self.rkeys.releases, request.match_info["name"])
+        if not removed:
+            raise api_error(404, "not_found", "no release of that name was set through the API", field="name")
+        return json_response({"deleted": request.match_info["name"]})
 
     # -- users --------------------------------------------------------------
 
-    @requires("records:read")
+    @requires("users:read")
     async def get_preferences(self, request: web.Request) -> web.Response:
         uid = self._user_id(request)
         raw = await self.client.hget(self.prefs_key, uid)
@@ -647,12 +785,12 @@ class Api:
         token = self._token(request)
         body = await self._json_body(request)
         if not isinstance(body, dict):
-            raise api_error(400, "not_an_object", 'the body is {"platform": "apns"|"fcm"}')
+            raise api_error(400, "not_an_object", 'the body is {"platform": "apns"|"fcm"|"hms"}')
         platform = body.get("platform")
         if platform is None:
             raise api_error(400, "missing_field", "platform is required", field="platform")
-        if platform not in ("apns", "fcm"):
-            raise api_error(400, "bad_value", "platform is apns or fcm", field="platform")
+        if platform not in PUSH_PLATFORMS:
+            raise api_error(400, "bad_value", "platform is apns, fcm or hms", field="platform")
         return await self._device(uid, token, platform, "add")
 
     @requires("users:write", query=("platform",))
@@ -660,11 +798,11 @@ class Api:
         uid = self._user_id(request)
         token = self._token(request)
         platform = request.query.get("platform", "apns")
-        if platform not in ("apns", "fcm"):
-            raise api_error(400, "bad_value", "platform is apns or fcm", field="platform")
+        if platform not in PUSH_PLATFORMS:
+            raise api_error(400, "bad_value", "platform is apns, fcm or hms", field="platform")
         return await self._device(uid, token, platform, "remove")
 
-    @requires("records:read", query=("limit", "before"))
+    @requires("users:read", query=("limit", "before"))
     async def get_inbox(self, request: web.Request) -> web.Response:
         assert self.store is not None
         uid = self._user_id(request)
@@ -704,28 +842,35 @@ class Api:
     async def post_receipt(self, request: web.Request) -> web.Response:
         assert self.writer is not None
         provider = request.match_info["provider"]
-        if provider not in PROVIDERS:
-            raise api_error(404, "unknown_provider", f"receipts are taken for {', '.join(PROVIDERS)}",
-                            field="provider")
+        # a [providers.<name>] of kind sendgrid or ses: its events, verified with its own settings
+        mail_cfg = email_receipt_config(getattr(self.settings, "providers", None) or {}, provider)
+        if provider not in PROVIDERS and mail_cfg is None:
+            raise api_error(404, "unknown_provider", f"receipts are taken for {', '.join(PROVIDERS)} and the "
+                            f"providers of kind sendgrid or ses", field="provider")
         guard = _TrackingGuard(RedisReplayGuard(self.client, prefix=f"{self.ns}:api:receipt-seen:"))
+        api = getattr(self.settings, "api", None)
+        bounds = {} if api is None else {"receipt_max_age": api.receipt_max_age_s,
+                                         "receipt_max_ahead": api.receipt_max_ahead_s}
         verifier = ReceiptVerifier(twilio_auth_token=self.twilio_auth_token, vendor_secret=self.vendor_secret,
-                                   guard=guard)
+                                   guard=guard, **bounds, **(mail_cfg["verifier"] if mail_cfg else {}))
+        body = await self._read(request)
         try:
-            if provider == "twilio":
+            if mail_cfg is not None:
+                receipts = await email_receipts(verifier, mail_cfg["scheme"], body, request.headers)
+            elif provider == "twilio":
                 # the full URL Twilio called (its signature covers the query string), the
                 # raw body (a form, or JSON with bodySHA256) and the signature headers
                 url = (self.public_url + str(request.rel_url)) if self.public_url else str(request.url)
-                one = await verifier.twilio_request(url, request.content_type, await request.read(), request.headers)
+                one = await verifier.twilio_request(url, request.content_type, body, request.headers)
                 receipts = [one] if one is not None else []
             else:
-                body = await request.read()
                 receipts = await verifier.vendor(
                     body, request.headers.get("X-Vendor-Timestamp"), request.headers.get("X-Vendor-Signature")
                 )
         except ReceiptRejected as exc:
             M.receipts_rejected.labels(provider, exc.reason).inc()
             if exc.reason == "malformed":
-                raise api_error(400, "malformed", exc.detail or "malformed receipt") from None
+                raise api_error(400, "malformed", exc.detail or "malformed receipt", field=exc.field) from None
             raise api_error(401, exc.reason, exc.detail or exc.reason) from None
         if receipts:
             try:
@@ -777,7 +922,8 @@ class Api:
 
     @requires(OPEN)
     async def status_json(self, request: web.Request) -> web.Response:
-        doc = await status_document(self.sampler, self.store, self.client, self.rkeys)
+        doc = await status_document(self.sampler, self.store, self.client, self.rkeys,
+                                    self.settings.backpressure.after_s)
         return json_response(doc, headers={"Cache-Control": "no-store"})
 
     @requires(OPEN)
@@ -883,6 +1029,10 @@ def make_app(
     r.add_post("/v1/events", api.post_events)
     r.add_get("/v1/notifications", api.list_notifications, allow_head=False)
     r.add_get("/v1/notifications/{id}", api.get_notification, allow_head=False)
+    r.add_get("/v1/slo", api.get_slo, allow_head=False)
+    r.add_get("/v1/releases", api.list_releases, allow_head=False)
+    r.add_put("/v1/releases/{name}", api.put_release)
+    r.add_delete("/v1/releases/{name}", api.delete_release)
     r.add_get("/v1/users/{id}/preferences", api.get_preferences, allow_head=False)
     r.add_put("/v1/users/{id}/preferences", api.put_preferences)
     r.add_put("/v1/users/{id}/devices/{token}", api.put_device)

@@ -16,9 +16,20 @@ for the demo and for creating the first real keys; it is kept hashed in memory.
 The file is re-read when its mtime/size changes (``notify keys add`` while the
 API runs takes effect on the next request).
 
-Scopes: ``events:write`` (POST /v1/events), ``records:read`` (notification
-records, inbox and preferences reads), ``users:write`` (preferences, devices,
-inbox read marks). Receipts are authenticated by the providers' signatures,
+Each key also holds a status callback secret (``whsec_…``, shown once by
+``notify keys add``, kept as it is: it signs) and optionally a default
+``callback_url`` (``--callback-url``); the workers read them from this file
+(:class:`ProducerCallbacks`, agents/callbacks.py).
+
+Scopes: ``events:write`` (POST /v1/events), ``records:read`` (the key's own
+producer's notification records), ``users:read`` (users' inboxes and
+preferences), ``users:write`` (preferences, devices, inbox read marks),
+``admin`` (every producer's records), ``priority:any`` (an event's own
+``priority`` is taken even above its category's ``max_priority``; without it,
+it is lowered to that cap: pipeline/rules/priority.py). A business key belongs to its producer:
+the same ``biz_key`` from two producers is two events. The bootstrap key is the
+operator's (producer ``""``, the key space of events written straight to the
+streams). Receipts are authenticated by the providers' signatures,
 ``/``, ``/healthz``, ``/metrics``, ``/v1/status.json`` and
 ``/v1/openapi.json`` are open.
 """
@@ -40,6 +51,8 @@ from typing import Any, Callable, Iterable, Optional
 import orjson
 from aiohttp import web
 
+from ..rules.validate import PRODUCER_RE, InvalidEvent
+from ..rules.validate import callback_url as _callback_url
 from .errors import api_error
 
 __all__ = [
@@ -49,6 +62,8 @@ __all__ = [
     "Principal",
     "KeyStore",
     "add_key",
+    "key_callback",
+    "ProducerCallbacks",
     "list_keys",
     "revoke_key",
     "requires",
@@ -59,7 +74,7 @@ __all__ = [
 
 log = logging.getLogger("notify.api")
 
-SCOPES: tuple[str, ...] = ("events:write", "records:read", "users:write")
+SCOPES: tuple[str, ...] = ("events:write", "records:read", "users:read", "users:write", "admin", "priority:any")
 #: marker: no API key needed
 OPEN = "open"
 #: marker: authenticated by the caller's signature in the handler (receipts)
@@ -67,7 +82,7 @@ SIGNED = "signed"
 
 _PREFIX = "nfk_"
 _KID_RE = re.compile(r"^[0-9a-f]{12}$")
-_PRODUCER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")
+_PRODUCER_RE = PRODUCER_RE
 
 
 class KeyFileError(ValueError):
@@ -133,6 +148,7 @@ def _read(path: Path) -> dict[str, Any]:
             and isinstance(entry.get("scopes"), list)
             and isinstance(entry.get("salt"), str)
             and isinstance(entry.get("hash"), str)
+            and all(isinstance(entry.get(f), (str, type(None))) for f in ("callback_url", "callback_secret"))
         )
         if not ok:
             raise KeyFileError(f"key file {str(path)!r}: bad entry {kid!r}")
@@ -167,11 +183,24 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def add_key(path: str | os.PathLike[str], producer: str, scopes: Iterable[str]) -> tuple[str, str]:
-    """Create a key; returns (key id, the key itself — shown once, never stored)."""
-    if not _PRODUCER_RE.match(producer or ""):
+def add_key(path: str | os.PathLike[str], producer: str, scopes: Iterable[str], *,
+            callback_url: Optional[str] = None) -> tuple[str, str]:
+    """Create a key; returns (key id, the key itself — shown once, never stored).
+
+    Each key also gets a status callback secret (``whsec_…``, Standard Webhooks),
+    which signs the callbacks of its producer's events (agents/callbacks.py), and
+    optionally ``callback_url``, the producer's default callback target. The
+    secret is kept in the file as it is (signing needs it, unlike the key, which
+    is kept hashed); ``notify keys add`` shows it once (:func:`key_callback`)."""
+    from adapters.webhook import new_secret
+
+    if not _PRODUCER_RE.fullmatch(producer or ""):
         raise KeyFileError(f"bad producer name {producer!r} (letters, digits, _.:@-; up to 64)")
     scope_list = _check_scopes(scopes)
+    try:
+        callback_url = _callback_url(callback_url, "callback_url")
+    except InvalidEvent as exc:
+        raise KeyFileError(f"--callback-url: {exc.detail or exc}") from None
     path = Path(path)
     with _locked(path):
         data = _read(path)
@@ -187,15 +216,89 @@ def add_key(path: str | os.PathLike[str], producer: str, scopes: Iterable[str]) 
             "salt": salt.hex(),
             "hash": _hash(salt, secret),
             "created_at": time.time(),
+            "callback_secret": new_secret(),
         }
+        if callback_url:
+            data["keys"][kid]["callback_url"] = callback_url
         _write(path, data)
     return kid, f"{_PREFIX}{kid}_{secret}"
+
+
+def key_callback(path: str | os.PathLike[str], key_id: str) -> dict[str, Any]:
+    """A key's status callback settings: ``{"callback_url": …, "callback_secret": …}``
+    (for ``notify keys add`` to show once)."""
+    entry = _read(Path(path))["keys"].get(key_id) or {}
+    return {"callback_url": entry.get("callback_url"), "callback_secret": entry.get("callback_secret")}
+
+
+class ProducerCallbacks:
+    """Per producer, from the key file (re-read when it changes, looked at no more
+    than once a second): the default callback URL (its newest key that has one)
+    and the secrets its callbacks are signed with (every enabled key's, newest
+    first: a producer rotating keys verifies with either). The operator's key
+    space (producer ``""``: the bootstrap key, events written straight to the
+    streams) signs with ``operator_secret`` (``NOTIFY_CALLBACK_SECRET``)."""
+
+    def __init__(self, path: str | os.PathLike[str], operator_secret: Optional[str] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.operator_secret = operator_secret or None
+        self._clock = clock
+        self._checked = -1e18
+        self._stamp: Any = ()
+        self._by: dict[str, tuple[Optional[str], list[str]]] = {}
+
+    def _load(self) -> None:
+        now = self._clock()
+        if now - self._checked < 1.0:
+            return
+        self._checked = now
+        try:
+            st = self.path.stat()
+            stamp: Any = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._stamp:
+            return
+        try:
+            data = _read(self.path)
+        except KeyFileError:
+            log.error("key file %s is unreadable; keeping the callback settings loaded before", self.path,
+                      exc_info=True)
+            self._stamp = stamp
+            return
+        by: dict[str, tuple[Optional[str], list[str]]] = {}
+        entries = sorted(data["keys"].values(), key=lambda e: e.get("created_at") or 0, reverse=True)
+        for e in entries:
+            if e.get("disabled"):
+                continue
+            url, secrets_ = by.get(e["producer"], (None, []))
+            if url is None and isinstance(e.get("callback_url"), str):
+                url = e["callback_url"]
+            if isinstance(e.get("callback_secret"), str) and len(secrets_) < 5:
+                secrets_.append(e["callback_secret"])
+            by[e["producer"]] = (url, secrets_)
+        self._by = by
+        self._stamp = stamp
+
+    def default_url(self, producer: str) -> Optional[str]:
+        self._load()
+        return self._by.get(producer, (None, []))[0]
+
+    def secrets(self, producer: str) -> list[str]:
+        """The secrets to sign ``producer``'s callbacks with (empty: none, the
+        callback cannot be sent)."""
+        if producer == "":
+            return [self.operator_secret] if self.operator_secret else []
+        self._load()
+        return list(self._by.get(producer, (None, []))[1])
 
 
 def list_keys(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     data = _read(Path(path))
     return [
-        {"key_id": kid, "producer": e["producer"], "scopes": e["scopes"], "created_at": e.get("created_at")}
+        {"key_id": kid, "producer": e["producer"], "scopes": e["scopes"], "created_at": e.get("created_at"),
+         **({"callback_url": e["callback_url"]} if e.get("callback_url") else {})}
         for kid, e in sorted(data["keys"].items(), key=lambda kv: kv[1].get("created_at") or 0)
     ]
 
@@ -272,7 +375,7 @@ class KeyStore:
         if self._bootstrap is not None:
             salt, digest = self._bootstrap
             if hmac.compare_digest(_hash(salt, key), digest) and found is None:
-                found = Principal("bootstrap", "bootstrap", frozenset(SCOPES))
+                found = Principal("bootstrap", "", frozenset(SCOPES))
         return found
 
 

@@ -31,10 +31,12 @@ CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     413: "too_large",
     415: "unsupported_media_type",
     429: "rate_limited",
+    431: "headers_too_large",
     500: "internal",
     503: "unavailable",
 }
@@ -97,6 +99,13 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if exc.status < 400 or exc.content_type == "application/json":
             raise
         return _from_http(exc)
+    except web.RequestPayloadError:
+        # a body that does not decode as its Content-Encoding / Transfer-Encoding say:
+        # the client's fault, a 400 without a traceback (handlers read through Api._read)
+        resp = json_response(error_body("bad_body", "the body could not be read as its Content-Encoding and "
+                                        "Transfer-Encoding say"), status=400)
+        resp.force_close()
+        return resp
     except StoreUnavailable as exc:
         log.warning("record store unavailable: %s", exc)
         return json_response(

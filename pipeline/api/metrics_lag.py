@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pipeline import topics as T
+from pipeline.rules.scaling import GOALS, PriorityLoad, priority_of, signal
 from pipeline.supervise import read_states
 from pipeline.roles import app_id, offset_peers
 from pipeline.transport.keys import Keys
@@ -322,6 +323,20 @@ class LagCollector:
         yield restarts
         yield looping
         yield up
+        needed = GaugeMetricFamily("notify_workers_needed", "Workers the drain rate says the backlog needs to "
+                                   "meet the priority's latency goal (pipeline/rules/scaling.py)", labels=["priority"])
+        drain = GaugeMetricFamily("notify_priority_drain_seconds", "Backlog / drain rate of a priority's topics "
+                                  "(absent while not draining)", labels=["priority"])
+        oldest = GaugeMetricFamily("notify_priority_oldest_seconds", "Age of the oldest unprocessed entry of a "
+                                   "priority's topics", labels=["priority"])
+        for load in scaling(snap):
+            needed.add_metric([load.priority], load.needed)
+            oldest.add_metric([load.priority], load.oldest_age_s)
+            if load.time_to_drain_s is not None:
+                drain.add_metric([load.priority], load.time_to_drain_s)
+        yield needed
+        yield drain
+        yield oldest
         dlq = GaugeMetricFamily("notify_dead_letter_depth", "Messages in notify.dlq (all partitions)")
         dlq.add_metric([], snap.dlq_depth)
         yield dlq
@@ -339,6 +354,36 @@ class LagCollector:
                 )
                 sched.add_metric([], n)
                 yield sched
+
+
+def workers_by_role(processes: dict[str, dict]) -> dict[str, int]:
+    """Running workers per kind from the supervisor's states: ``priority`` (the
+    OTP path's own process) and ``main`` (``main-i`` / ``worker-i``)."""
+    out = {"priority": 0, "main": 0}
+    for name, st in processes.items():
+        if not st.get("up"):
+            continue
+        if name == "priority":
+            out["priority"] += 1
+        elif name.startswith(("main-", "worker-")):
+            out["main"] += 1
+    return out
+
+
+def scaling(snap: "Snapshot") -> list[PriorityLoad]:
+    """The scaling signal per priority (pipeline/rules/scaling.py) from a snapshot.
+    Without the supervisor's states (workers started elsewhere), one worker is assumed."""
+    lags: dict[str, list] = {p: [] for p in GOALS}
+    for topic, tl in snap.topics.items():
+        p = priority_of(topic)
+        if p is not None:
+            lags[p].append((tl.lag, max(tl.oldest_age, default=0.0), tl.rate))
+    running = workers_by_role(snap.processes)
+    out = []
+    for p, items in lags.items():
+        n = running["priority"] if p == "high" and running["priority"] else running["main"]
+        out.append(signal(p, n or 1, items))
+    return out
 
 
 def new_registry(collector: LagCollector) -> CollectorRegistry:

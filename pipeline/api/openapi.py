@@ -13,7 +13,7 @@ from typing import Any
 
 from config.settings import CHANNELS, PRIORITIES
 from pipeline.models import State
-from pipeline.rules.validate import MAX_BIZ_KEY, MAX_ID
+from pipeline.rules.validate import MAX_BIZ_KEY, MAX_ID, forbidden_id_ranges
 
 __all__ = ["build_openapi"]
 
@@ -41,13 +41,20 @@ def _err(description: str) -> dict[str, Any]:
 #: "has a character that Python's str.strip() keeps" (the validators strip first);
 #: spelled out because \\s differs between Python and ECMA regexes
 _NONBLANK = "[^\t\n\x0b\x0c\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
-_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": _NONBLANK}
+#: the characters no id may hold (controls, format characters, line/paragraph separators)
+_BAD = "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in forbidden_id_ranges())
+#: an id: none of those anywhere, and something strip() keeps
+_ID_PATTERN = f"^[^{_BAD}]*{_NONBLANK[:-1]}{_BAD}][^{_BAD}]*$"
+_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": _ID_PATTERN}
 _USER_PATH = {"name": "id", "in": "path", "required": True, "description": "user id", "schema": _ID}
 _AUTH_ERRORS = {
     "401": _err("no API key, or a wrong one"),
     "403": _err("the key lacks the scope this operation needs"),
 }
 _NUM = {"type": "number"}
+#: unix seconds, or an ISO 8601 date / date-time
+_TIME = (r"^([0-9]{1,10}(\.[0-9]+)?|[0-9]{4}-[0-9]{2}-[0-9]{2}"
+         r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?)$")
 _NNUM = _nullable(_NUM)
 _NSTR = _nullable({"type": "string"})
 
@@ -61,6 +68,9 @@ def _templates(renderer: Any) -> tuple[list[str], list[int]]:
 
 
 def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int = 500) -> dict[str, Any]:
+    #: providers of kind sendgrid / ses take their events at /v1/receipts/<name>
+    mail_receipts = sorted(n for n, p in (getattr(settings, "providers", None) or {}).items()
+                           if getattr(p, "kind", None) in ("sendgrid", "ses"))
     categories = sorted(settings.categories)
     codes, versions = _templates(renderer)
     template = {"type": "string", "description": "a template under config/templates/<code>/v<version>/"}
@@ -75,7 +85,7 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
         "required": ["biz_key", "category", "template", "recipients"],
         "properties": {
             "v": {"type": "integer", "minimum": 1, "maximum": 1},
-            "biz_key": {"type": "string", "minLength": 1, "maxLength": MAX_BIZ_KEY, "pattern": _NONBLANK},
+            "biz_key": {"type": "string", "minLength": 1, "maxLength": MAX_BIZ_KEY, "pattern": _ID_PATTERN},
             "category": {"type": "string", "enum": categories},
             "template": template,
             "template_version": _nullable(template_version),
@@ -84,7 +94,7 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                 "minItems": 1,
                 "description": f"user ids; duplicates are dropped; at most {settings.max_recipients} distinct "
                                "(more: 400 too_many_recipients)",
-                "items": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": _NONBLANK},
+                "items": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": _ID_PATTERN},
                                     {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}]},
             },
             "channels": _nullable({"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(CHANNELS)}}),
@@ -93,7 +103,9 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                 f"at most {getattr(settings, 'max_params_bytes', 65536)} bytes as JSON (more: 400 params_too_large)")}),
             "locale": _nullable({"type": "string", "pattern": r"^[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*$"}),
             "priority": _nullable({"type": "string", "enum": list(PRIORITIES)}),
-            "send_at": _nullable({"type": "number", "minimum": 0}),
+            "send_at": _nullable({"type": "number", "minimum": 0, "description": (
+                f"unix seconds; at most {getattr(settings, 'max_send_ahead_s', 2592000):.0f} s ahead and "
+                f"{getattr(settings, 'max_send_past_s', 86400):.0f} s behind now (else 400 bad_value)")}),
         },
     }
     ids_item = {
@@ -129,6 +141,9 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
             "biz_key": {"type": "string"},
             "accepted_at": _NNUM,
             "notifications": {"type": "array", "items": ids_item},
+            "priority": {"type": "string", "enum": list(PRIORITIES), "description": (
+                "the priority the event runs at: its own, lowered to its category's max_priority unless the key "
+                "has the priority:any scope; else the category's")},
             "error": _ref("ErrorBody"),
         },
     }
@@ -174,6 +189,11 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
             "delivered_at": _NNUM,
             "accepted_at": _NNUM,
             "latency_ms": _NNUM,
+            "producer": {"type": "string", "description": "whose key space biz_key belongs to ('' = the operator's)"},
+            "pref_version": {"type": ["integer", "null"],
+                             "description": "the user's preferences version the decision was taken with"},
+            "template_version": {"type": ["integer", "null"],
+                                 "description": "the template version rendered (a gray release's, or the one asked)"},
             "attempts": {"type": "array", "items": _ref("Attempt")},
         },
     }
@@ -191,6 +211,13 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
             },
             "quiet_hours": _nullable({"type": "string", "description": "HH:MM-HH:MM in tz (start ≠ end)",
                                       "pattern": "^ *([01][0-9]|2[0-3]):[0-5][0-9] *- *([01][0-9]|2[0-3]):[0-5][0-9] *$"}),
+            "channel_quiet_hours": _nullable({
+                "type": "object", "description": "a channel's own quiet windows ([]: never quiet); the other "
+                                                 "channels use quiet_hours",
+                "propertyNames": {"enum": list(CHANNELS)},
+                "additionalProperties": {"type": "array", "maxItems": 8, "items": {
+                    "type": "string",
+                    "pattern": "^ *([01][0-9]|2[0-3]):[0-5][0-9] *- *([01][0-9]|2[0-3]):[0-5][0-9] *$"}}}),
             "tz": _nullable({"type": "string", "description": "IANA zone (default UTC)",
                              "enum": sorted(zoneinfo.available_timezones())}),
             "phone": _NSTR,
@@ -303,6 +330,65 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                     },
                 }
             },
+            "/v1/releases": {
+                "get": {
+                    "operationId": "listReleases", "summary": "Gray releases in force: config and API (scope admin)",
+                    "security": bearer, "x-scope": "admin",
+                    "responses": {"200": _json({"type": "object", "required": ["items"]}, "the releases"),
+                                  **_AUTH_ERRORS},
+                }
+            },
+            "/v1/releases/{name}": {
+                "put": {
+                    "operationId": "putRelease",
+                    "summary": "Set a gray release: a template version or a channel, stage off/internal/percent/all "
+                               "(scope admin)",
+                    "security": bearer, "x-scope": "admin",
+                    "parameters": [{"name": "name", "in": "path", "required": True,
+                                    "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"}}],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                        "type": "object",
+                        "properties": {
+                            "stage": {"type": "string", "enum": ["off", "internal", "percent", "all"]},
+                            "template": {"type": "string"}, "version": {"type": "integer", "minimum": 2},
+                            "channel": {"type": "string", "enum": list(CHANNELS)},
+                            "internal_users": {"type": "array", "items": {"type": "string"}},
+                            "percent": {"type": "number", "minimum": 0, "maximum": 100}}}}}},
+                    "responses": {"200": _json({"type": "object"}, "the release as set"),
+                                  "400": _err("bad release"), **_AUTH_ERRORS},
+                },
+                "delete": {
+                    "operationId": "deleteRelease", "summary": "Remove a release set through the API (scope admin)",
+                    "security": bearer, "x-scope": "admin",
+                    "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": _json({"type": "object"}, "deleted"), "404": _err("no such release"),
+                                  **_AUTH_ERRORS},
+                },
+            },
+            "/v1/slo": {
+                "get": {
+                    "operationId": "getSlo",
+                    "summary": "Seed 001's service level: events terminal within 60 s of acceptance, overall, per "
+                               "priority, deferred ones apart (scope records:read: the key's producer; admin: all)",
+                    "security": bearer,
+                    "x-scope": "records:read",
+                    "parameters": [
+                        {"name": "month", "in": "query", "description": "YYYY-MM (UTC); default this month",
+                         "schema": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"}},
+                        {"name": "since", "in": "query", "description": "unix seconds or ISO 8601",
+                         "schema": {"type": "string", "pattern": _TIME}},
+                        {"name": "until", "in": "query", "description": "unix seconds or ISO 8601; default now",
+                         "schema": {"type": "string", "pattern": _TIME}},
+                    ],
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["since", "until", "met", "all", "priorities",
+                                                                     "deferred"]}, "the report"),
+                        "400": _err("bad query parameter"),
+                        **_AUTH_ERRORS,
+                        "503": _err("record store unavailable"),
+                    },
+                }
+            },
             "/v1/notifications/{id}": {
                 "get": {
                     "operationId": "getNotification",
@@ -369,7 +455,7 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                     "security": bearer,
                     "x-scope": "users:write",
                     "requestBody": json_body({"type": "object", "required": ["platform"], "properties": {
-                        "platform": {"type": "string", "enum": ["apns", "fcm"]}}}),
+                        "platform": {"type": "string", "enum": ["apns", "fcm", "hms"]}}}),
                     "responses": {
                         "202": _json(_ref("DeviceUpdate"), "written to notify.devices"),
                         "400": _err("bad token or platform"),
@@ -384,7 +470,7 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                     "security": bearer,
                     "x-scope": "users:write",
                     "parameters": [{"name": "platform", "in": "query",
-                                    "schema": {"type": "string", "enum": ["apns", "fcm"]}}],
+                                    "schema": {"type": "string", "enum": ["apns", "fcm", "hms"]}}],
                     "responses": {
                         "202": _json(_ref("DeviceUpdate"), "written to notify.devices"),
                         "400": _err("bad token"),
@@ -454,12 +540,13 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                                    "variant with bodySHA256 in the query), verified as twilio's RequestValidator "
                                    "does: the full URL, any query string included; an identical retried callback "
                                    "is acknowledged (200, received 0). smsvendor: JSON with X-Vendor-Timestamp and "
-                                   "X-Vendor-Signature (sha256=HMAC). A bad, stale or replayed signature is 401 "
+                                   "X-Vendor-Signature (sha256=HMAC); a provider of kind sendgrid (signed Event Webhook) or ses "
+                                   "(SNS notifications) at its own name. A bad, stale or replayed signature is 401 "
                                    "and counted in notify_receipts_rejected_total.",
                     "security": [],
                     "parameters": [
                         {"name": "provider", "in": "path", "required": True,
-                         "schema": {"type": "string", "enum": ["twilio", "smsvendor"]}},
+                         "schema": {"type": "string", "enum": ["twilio", "smsvendor", *mail_receipts]}},
                         {"name": "X-Twilio-Signature", "in": "header", "schema": {"type": "string"}},
                         {"name": "X-Vendor-Timestamp", "in": "header", "schema": {"type": "string"}},
                         {"name": "X-Vendor-Signature", "in": "header", "schema": {"type": "string"}},
@@ -533,7 +620,7 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
         "type": "object",
         "required": ["user_id", "token", "platform", "op"],
         "properties": {"user_id": {"type": "string"}, "token": {"type": "string"},
-                       "platform": {"type": "string", "enum": ["apns", "fcm"]},
+                       "platform": {"type": "string", "enum": ["apns", "fcm", "hms"]},
                        "op": {"type": "string", "enum": ["add", "remove"]}, "at": _NUM},
     }
     return copy.deepcopy(doc)

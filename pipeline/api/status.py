@@ -9,9 +9,10 @@ today's records per state and reason; the latest dead letters.
 ``/v1/status.json`` is open like ``/metrics`` (ops dashboards poll it without a
 key). It carries no message contents: a dead letter is shown as source,
 reason, detail (cut to 300 characters), key and time, never its payload — read
-payloads with ``notify dlq ls`` or straight from the stream. Recipients that a
-detail or a key quotes (a phone number sent as a time zone …) are masked
-(:mod:`pipeline.redact`).
+payloads with ``notify dlq ls`` (addresses masked) or whole straight from the stream. Recipients that a
+detail or a key quotes (a phone number sent as a time zone, a webhook URL …)
+are masked (:func:`pipeline.redact.mask_text`; letters are also masked when
+written, this covers older ones).
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ import orjson
 
 from pipeline import topics as T
 from pipeline.breakers import read_breakers
-from pipeline.redact import redact
+from pipeline.redact import mask_text
+
+from pipeline.rules.backpressure import oldest_age, throttle
+
+from .metrics_lag import scaling
 
 __all__ = ["PAGE", "latest_dead_letters", "status_document"]
 
@@ -60,8 +65,8 @@ async def latest_dead_letters(client: Any, keys: Any, partitions: int, n: int = 
                 "source": _s(dl.get("source")) or "?",
                 "reason": _s(dl.get("reason")) or "?",
                 # a detail may quote the bad value (a phone number given as a time zone …)
-                "detail": redact(detail[:300]) if detail else None,
-                "key": redact(key[:256]) if key else key,
+                "detail": mask_text(detail[:300]) if detail else None,
+                "key": mask_text(key[:256]) if key else key,
                 "partition": p,
                 "offset": int(_s(eid).split("-", 1)[0]),
             })
@@ -69,7 +74,18 @@ async def latest_dead_letters(client: Any, keys: Any, partitions: int, n: int = 
     return rows[:n]
 
 
-async def status_document(sampler: Any, store: Any, client: Any, keys: Any) -> dict[str, Any]:
+#: the throttle as this page last judged it (the workers decide alike, from the same lag)
+_throttle = {"on": False}
+
+
+def backpressure_view(snap: Any, after_s: float) -> dict[str, Any]:
+    age = oldest_age((t, max(tl.oldest_age, default=0.0)) for t, tl in snap.topics.items())
+    _throttle["on"] = throttle(_throttle["on"], age, after_s)
+    return {"on": _throttle["on"], "oldest_age_s": round(age, 3), "after_s": after_s}
+
+
+async def status_document(sampler: Any, store: Any, client: Any, keys: Any,
+                          backpressure_after_s: float = 60.0) -> dict[str, Any]:
     snap = await sampler.snapshot()
     doc: dict[str, Any] = {"at": time.time(), "broker": {"ok": snap.ok, "error": snap.error}}
     topics = [tl.as_dict() for tl in snap.topics.values()]
@@ -84,6 +100,8 @@ async def status_document(sampler: Any, store: Any, client: Any, keys: Any) -> d
         doc["breakers"] = {}
         doc["broker"]["error"] = f"{type(exc).__name__}: {exc}"
     doc["processes"] = snap.processes
+    doc["scaling"] = [load.as_dict() for load in scaling(snap)] if snap.ok else []
+    doc["backpressure"] = backpressure_view(snap, backpressure_after_s) if snap.ok else None
     try:
         doc["today"] = await store.counts_today()
     except Exception as exc:  # noqa: BLE001 - the page shows what it can
@@ -125,6 +143,7 @@ PAGE = """<!doctype html>
 <div class="grid">
  <div><h2>Breakers</h2><table id="breakers"></table></div>
  <div><h2>Processes</h2><table id="processes"></table></div>
+ <div><h2>Scaling <span id="bp" class="meta"></span></h2><table id="scaling"></table></div>
  <div><h2>Today (UTC) <span id="total" class="meta"></span></h2><table id="today"></table></div>
 </div>
 <h2>Latest dead letters <span id="dlq" class="meta"></span></h2><table id="dead"></table>
@@ -162,6 +181,12 @@ async function refresh() {
     table("processes", ["process", "state", "restarts", "last exit"], Object.entries(d.processes || {}).map(([p, s]) =>
       [p, s.crash_loop ? ["crash looping", "bad"] : s.up ? ["up", "ok"] : ["restarting", "warn"], String(s.restarts),
        s.last_exit === null ? "—" : String(s.last_exit)]));
+    table("scaling", ["priority", "workers", "lag", "oldest", "drain", "goal", "needed"], (d.scaling || []).map((x) =>
+      [x.priority, String(x.workers), String(x.lag), dur(x.oldest_age_s), x.time_to_drain_s === null ? "—" : dur(x.time_to_drain_s),
+       dur(x.goal_s), [String(x.workers_needed), x.workers_needed > x.workers ? "bad" : "ok"]]));
+    const bp = d.backpressure;
+    $("bp").textContent = bp ? (bp.on ? "backpressure ON: marketing waits (oldest " + dur(bp.oldest_age_s) + ")" : "no backpressure") : "";
+    $("bp").className = bp && bp.on ? "meta bad" : "meta";
     const today = d.today || {states: {}, reasons: {}, total: 0};
     $("total").textContent = d.today ? today.total + " records" : "(store unavailable)";
     const rows = [];

@@ -5,6 +5,11 @@ user's count for this category today at or over the daily limit → ``OVER_LIMIT
 (no limit = exempt); else ``PASS``, after which the caller records the dedup entry
 (first seen = now) and increments today's counter. "Today" is the calendar day in the
 user's zone; counters may be dropped two days after their day (seed: 2 × 86400 s).
+
+Sliding windows (seed 002's two-level per-user cap, ``rate_windows`` of a
+category: e.g. at most 1 per 10 minutes and 3 per hour): the send times of the
+user's notifications of the category, the seed's ZSET, kept exactly as far as
+any window can need them (:func:`window_refused`, :func:`window_after`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ __all__ = [
     "day_key",
     "counter_key",
     "dedup_key",
+    "window_key",
+    "window_refused",
+    "window_after",
+    "window_expired",
 ]
 
 PASS = "PASS"
@@ -98,3 +107,33 @@ def dedup_key(user_id: str, template: str, params: Mapping[str, Any] | None) -> 
         blob = repr(sorted((str(k), repr(v)) for k, v in (params or {}).items())).encode()
     digest = blake2b(blob, digest_size=10).hexdigest()
     return f"dedup:{user_id}:{template}:{digest}"
+
+
+def window_key(user_id: str, category: str) -> str:
+    return f"{user_id}|{category}"
+
+
+def window_refused(times: list[float], now: float, windows: tuple[tuple[int, int], ...]) -> bool:
+    """Whether one more notification now would exceed a window: ``(seconds, n)``
+    refuses when ``n`` sends are already in ``(now - seconds, now]`` (the seed:
+    ZREMRANGEBYSCORE 0 (now - seconds), then ZCARD ≥ n)."""
+    return any(sum(1 for t in times if now - w < t <= now) >= n for w, n in windows)
+
+
+def window_after(times: list[float], now: float, windows: tuple[tuple[int, int], ...]) -> list[float]:
+    """The send times to keep once ``now`` is sent: those inside the longest
+    window, at most the largest ``n`` of them (the newest). Exact: for every
+    window ``(w, n)``, whether ``n`` sends fall inside it is decided by the
+    newest ``n`` sends, and those are kept."""
+    longest = max(w for w, _n in windows)
+    most = max(n for _w, n in windows)
+    kept = sorted(t for t in (*times, now) if t > now - longest)
+    return kept[-most:] if most else []
+
+
+def window_expired(times: Any, now: float, longest_s: float) -> bool:
+    """Whether a window entry can be dropped: none of its times is inside the
+    longest window any more (or it is not a list of times)."""
+    if not isinstance(times, list):
+        return True
+    return not any(isinstance(t, (int, float)) and t > now - longest_s for t in times)

@@ -13,12 +13,16 @@ from __future__ import annotations
 import math
 import re
 from datetime import date, datetime, time, timedelta, timezone
-from typing import Optional
+from typing import Any, Optional
 from zoneinfo import ZoneInfo
 
-__all__ = ["parse_quiet_hours", "load_zone", "in_window", "quiet_until", "defer_decision"]
+__all__ = ["parse_quiet_hours", "load_zone", "in_window", "quiet_until", "defer_decision", "channel_windows",
+           "quiet_until_any", "channel_quiet_ends"]
 
-_WINDOW_RE = re.compile(r"^\s*([01]\d|2[0-3]):([0-5]\d)\s*-\s*([01]\d|2[0-3]):([0-5]\d)\s*$")
+#: spaces around the parts are allowed, nothing else: no tab, no line break (``\s``
+#: and ``$`` would let "22:00-07:00\n" through); ASCII digits only (``\d`` is any
+#: Unicode digit); matched whole (``fullmatch``)
+_WINDOW_RE = re.compile(r" *([01][0-9]|2[0-3]):([0-5][0-9]) *- *([01][0-9]|2[0-3]):([0-5][0-9]) *")
 
 
 def parse_quiet_hours(value: str) -> tuple[int, int]:
@@ -26,7 +30,7 @@ def parse_quiet_hours(value: str) -> tuple[int, int]:
     format is wrong or the window is empty (start == end)."""
     if not isinstance(value, str):
         raise ValueError(f"quiet hours must be a string like '22:00-07:00', got {value!r}")
-    m = _WINDOW_RE.match(value)
+    m = _WINDOW_RE.fullmatch(value)
     if not m:
         raise ValueError(f"quiet hours must look like 'HH:MM-HH:MM' (00:00–23:59), got {value!r}")
     start = int(m.group(1)) * 60 + int(m.group(2))
@@ -112,3 +116,33 @@ def defer_decision(priority: str, prefs_quiet_hours: Optional[str], tz: str, now
     if priority == "high":
         return None
     return quiet_until(prefs_quiet_hours, tz, now)
+
+
+def channel_windows(prefs: Any, channel: str) -> list[str]:
+    """The quiet windows of one channel (seed: quiet hours per channel): its own
+    list when the user set one (``[]``: never quiet), else the user's window."""
+    own = getattr(prefs, "channel_quiet_hours", None) or {}
+    if channel in own:
+        return list(own[channel] or [])
+    default = getattr(prefs, "quiet_hours", None)
+    return [default] if default else []
+
+
+def quiet_until_any(windows: list[str], tz: str, now: float) -> Optional[float]:
+    """When ``now`` is inside any of ``windows``: the first instant outside all of
+    them (windows that overlap or touch are waited out one after the other), else None."""
+    t = now
+    for _ in range(2 * len(windows) + 2):
+        ends = [e for e in (quiet_until(w, tz, t) for w in windows) if e is not None]
+        if not ends:
+            break
+        t = max(ends)
+    return t if t > now else None
+
+
+def channel_quiet_ends(priority: str, prefs: Any, channels: list[str], now: float) -> dict[str, Optional[float]]:
+    """Per channel, when its quiet hours end (None: not quiet now). ``high`` always goes now."""
+    if priority == "high" or prefs is None:
+        return {c: None for c in channels}
+    tz = getattr(prefs, "tz", "UTC") or "UTC"
+    return {c: quiet_until_any(channel_windows(prefs, c), tz, now) for c in channels}

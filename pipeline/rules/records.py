@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from config.settings import CHANNELS, PRIORITIES
 from pipeline.models import SCHEMA_VERSION, Delivery, Intent, Outcome, Receipt, State, Timer
 
-from .validate import InvalidEvent, address_ok, params_depth
+from .validate import InvalidEvent, params_depth
 
 __all__ = ["check_record", "parse_intent", "parse_delivery", "parse_outcome", "parse_timer", "TIMER_KINDS"]
 
@@ -192,14 +192,16 @@ def parse_delivery(data: Any, prefix: str = "") -> Delivery:
     _one_of(d.priority, PRIORITIES, prefix + "priority")
     if not _CATEGORY_RE.match(d.category):
         raise InvalidEvent("bad_value", prefix + "category", "a category name (a-z, 0-9, _)")
-    if d.address and not address_ok(d.channel, d.address):
-        raise InvalidEvent("bad_value", prefix + "address", f"not an address for {d.channel}")
+    # the address is checked at the send (adapters/dispatch.py, address_ok): one that
+    # is not an address of its channel ends FAILED ``bad_address`` there, with its
+    # record, instead of a dead letter here that would leave the record PENDING
     for part in _TEXT_PARTS:
         if part in d.content and not isinstance(d.content[part], str):
             raise InvalidEvent("wrong_type", f"{prefix}content.{part}", "rendered text")
     _not_negative(d.attempt, prefix + "attempt")
     _not_negative(d.reconcile_round, prefix + "reconcile_round")
     _not_negative(d.replay, prefix + "replay")
+    _not_negative(d.devices, prefix + "devices")
     return d
 
 

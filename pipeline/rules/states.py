@@ -69,6 +69,12 @@ late duplicate of an earlier outcome carry the same state, so the record keeps
 showing the higher state (UNKNOWN, SCHEDULED) until the retry ends. For a legal
 history that ends in a terminal state, ``merge`` over any permutation of its
 outcomes is exactly that final state.
+
+A record with several deliveries (a push to each of the user's devices) shows
+``of_deliveries`` of their states: ACCEPTED (or a receipt's DELIVERED /
+UNDELIVERED) once a provider took it for one device; in flight while any device's
+delivery is; FAILED (REVIEW, FILTERED) only when every device's delivery stopped
+without a provider taking it. pipeline/store_devices.py applies it.
 """
 
 from __future__ import annotations
@@ -90,6 +96,8 @@ __all__ = [
     "can_transition",
     "merge",
     "merge_all",
+    "EVIDENCE",
+    "of_deliveries",
 ]
 
 #: merge order, lowest first
@@ -181,3 +189,38 @@ def merge_all(states: Iterable[str], start: Optional[str] = None) -> Optional[st
     for s in states:
         current = merge(current, s)
     return current
+
+
+#: a provider took the message (it may or may not have reached the device yet)
+EVIDENCE: frozenset[str] = frozenset((State.ACCEPTED, State.UNDELIVERED, State.DELIVERED))
+
+
+def of_deliveries(states: Iterable[str], expected: int = 0) -> Optional[str]:
+    """The state a record shows when it has several deliveries: a push goes to each of
+    the user's devices, one delivery each (``states``: each delivery's own state, the
+    :func:`merge` of its outcomes; ``expected``: how many deliveries the record has,
+    as the outcomes say, so one whose first outcome has not arrived yet counts).
+
+    * a provider took it for some device: the highest of those (DELIVERED if any
+      device's receipt says so, else UNDELIVERED, else ACCEPTED): the user got it;
+    * else, some delivery still in flight (or not seen yet): the highest in-flight
+      state (UNKNOWN, SCHEDULED, PENDING): the record is not decided while one
+      device may still get it;
+    * else (every delivery stopped without a provider taking it): the highest of
+      their states, REVIEW > FAILED > FILTERED: FAILED only if every device failed.
+
+    Order-free, as :func:`merge` is, given the same deliveries' states; one delivery
+    gives its own state. ``None`` for no deliveries."""
+    states = list(states)
+    if not states:
+        return None
+    best = merge_all(states)
+    if best in EVIDENCE:
+        return best
+    flying = [s for s in states if s in IN_FLIGHT]
+    if flying:
+        return merge_all(flying)
+    if len(states) < expected:
+        return State.PENDING
+    return best
+

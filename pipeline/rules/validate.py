@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
+import unicodedata
+from functools import lru_cache
 from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit
 
@@ -27,10 +30,12 @@ import orjson
 from config.settings import CHANNELS, PRIORITIES
 from pipeline.models import SCHEMA_VERSION, DeviceUpdate, Event, Preferences, Receipt
 
+from .priority import capped
 from .quiet_hours import load_zone, parse_quiet_hours
 
-__all__ = ["InvalidEvent", "check_params", "MAX_BIZ_KEY", "MAX_ID", "MAX_PROVIDER_MSG_ID", "TOKEN_RE", "parse_event",
-           "parse_preferences", "parse_device_update", "parse_receipt", "params_depth", "address_ok"]
+__all__ = ["InvalidEvent", "check_params", "MAX_BIZ_KEY", "MAX_ID", "MAX_PROVIDER_MSG_ID", "TOKEN_RE", "PUSH_PLATFORMS", "parse_event",
+           "parse_preferences", "parse_device_update", "parse_receipt", "params_depth", "address_ok", "id_problem", "forbidden_id_ranges",
+           "callback_url"]
 
 #: seed 000: ``biz_key VARCHAR(64)``
 MAX_BIZ_KEY = 64
@@ -38,15 +43,24 @@ MAX_BIZ_KEY = 64
 MAX_ID = 128
 #: longest provider message id a receipt may carry
 MAX_PROVIDER_MSG_ID = 256
+#: times at or after this (Sat Nov 20 2286) are not unix seconds (the record store refuses them)
+MAX_TIME = 1e10
 #: a push device token (APNs hex, FCM base64url with ':' and '-')
-TOKEN_RE = re.compile(r"^[A-Za-z0-9:_.\-]{1,512}$")
+#: (``\Z``, not ``$``: ``$`` also matches before a trailing newline, so even a
+#: ``TOKEN_RE.match`` refuses "token\n"; this module uses ``fullmatch``)
+TOKEN_RE = re.compile(r"^[A-Za-z0-9:_.\-]{1,512}\Z")
+#: the platforms a push device is registered with (its token goes to the provider of that
+#: platform: APNs, FCM, Huawei Push Kit); an address on the push channel is ``<platform>:<token>``
+PUSH_PLATFORMS = ("apns", "fcm", "hms")
 
-_LOCALE_RE = re.compile(r"^[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*$")
+_LOCALE_RE = re.compile(r"[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _TEMPLATE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _PHONE_STRIP_RE = re.compile(r"[\s().-]")
-_PHONE_RE = re.compile(r"^\+?[0-9]{6,15}$")
-_EMAIL_RE = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
+_PHONE_RE = re.compile(r"\+?[0-9]{6,15}")
+_EMAIL_RE = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
+#: C0 and C1 control characters, DEL, and the Unicode line and paragraph separators
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class InvalidEvent(ValueError):
@@ -101,12 +115,62 @@ def _check_version(data: Mapping[str, Any]) -> int:
     return v
 
 
+#: Unicode categories no id-like field may hold: controls (Cc: NUL, line breaks,
+#: ESC, ...), format characters (Cf: bidi overrides such as U+202E, zero-width
+#: U+200B..U+200D, the BOM U+FEFF, soft hyphen, ...), line and paragraph separators
+FORBIDDEN_ID_CATEGORIES = frozenset(("Cc", "Cf", "Zl", "Zp"))
+
+
+def id_problem(value: str) -> Optional[str]:
+    """Why ``value`` cannot be an id (a business key, a user id, a provider message
+    id, ...): the first character of a :data:`FORBIDDEN_ID_CATEGORIES` category,
+    named (``U+202E RIGHT-TO-LEFT OVERRIDE``), so the refusal never echoes it raw;
+    None when it has none. Such characters make two different ids look alike in
+    a log, a terminal or a support tool, or break the lines they are printed on."""
+    if value.isprintable():  # the common case, in C: no C*, Z* other than the space
+        return None
+    for i, ch in enumerate(value):
+        if unicodedata.category(ch) in FORBIDDEN_ID_CATEGORIES:
+            name = unicodedata.name(ch, "") or {"Cc": "control character"}.get(unicodedata.category(ch), "")
+            return f"character {i} is U+{ord(ch):04X} {name}".rstrip()
+    return None
+
+
+@lru_cache(maxsize=1)
+def forbidden_id_ranges() -> tuple[tuple[int, int], ...]:
+    """The code point ranges of :data:`FORBIDDEN_ID_CATEGORIES` (for the OpenAPI
+    document's patterns; computed once, ~0.2 s)."""
+    out: list[tuple[int, int]] = []
+    for cp in range(0x110000):
+        if unicodedata.category(chr(cp)) in FORBIDDEN_ID_CATEGORIES:
+            if out and out[-1][1] == cp - 1:
+                out[-1] = (out[-1][0], cp)
+            else:
+                out.append((cp, cp))
+    return tuple(out)
+
+
+def _echo(value: str, n: int) -> str:
+    """``value`` cut to ``n`` characters for an error's detail; escaped (``repr``)
+    when it holds anything not printable, so a refusal never carries a bidi
+    override or a line break back to a terminal or a log."""
+    cut = value[:n]
+    return cut if cut.isprintable() else repr(cut)
+
+
+def _no_forbidden(value: str, field: str) -> None:
+    problem = id_problem(value)
+    if problem is not None:
+        raise InvalidEvent("bad_value", field, f"no control, format or separator characters: {problem}")
+
+
 def _str_field(data: Mapping[str, Any], field: str, max_len: int) -> str:
     value = data[field]
     if not isinstance(value, str):
         raise InvalidEvent("wrong_type", field, "a string")
     if not value.strip() or len(value) > max_len:
         raise InvalidEvent("bad_value", field, f"1..{max_len} characters")
+    _no_forbidden(value, field)
     return value
 
 
@@ -119,6 +183,8 @@ def _id(value: Any, field: str) -> str:
         raise InvalidEvent("wrong_type", field, "a string or an integer")
     if not s or len(s) > MAX_ID:
         raise InvalidEvent("bad_value", field, f"1..{MAX_ID} characters")
+    if isinstance(value, str):
+        _no_forbidden(value, field)  # also around the id: "\nu1" is refused, not trimmed
     return s
 
 
@@ -128,7 +194,7 @@ def _opt_locale(data: Mapping[str, Any], field: str = "locale") -> Optional[str]
         return None
     if not isinstance(value, str):
         raise InvalidEvent("wrong_type", field, "a string")
-    if not _LOCALE_RE.match(value):
+    if not _LOCALE_RE.fullmatch(value):
         raise InvalidEvent("bad_value", field, "a locale like 'en' or 'zh-CN'")
     return value
 
@@ -147,9 +213,33 @@ def _opt_time(data: Mapping[str, Any], field: str) -> Optional[float]:
 # --------------------------------------------------------------------------- events
 
 
-def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, renderer: Any) -> Event:
+#: a producer's name, as API keys name it (pipeline/api/auth.py)
+PRODUCER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}")
+
+
+def _opt_producer(data: Mapping[str, Any]) -> str:
+    """The producer whose key space the event's biz_key belongs to: set by the API
+    from the caller's key (a body's own value is replaced there); a producer
+    writing straight to the stream may name itself; "" is the operator's."""
+    value = data.get("producer")
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not PRODUCER_RE.fullmatch(value):
+        raise InvalidEvent("bad_value", "producer", "letters, digits, _.:@-; up to 64")
+    return value
+
+
+def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, renderer: Any, *,
+                now: Optional[float] = None, priority_any: bool = False) -> Event:
     """Validate one producer message; ``renderer.has_template(code, version)`` decides
-    whether the template exists. Raises :class:`InvalidEvent` and nothing else."""
+    whether the template exists. Raises :class:`InvalidEvent` and nothing else.
+
+    ``priority`` is lowered to the category's cap (pipeline/rules/priority.py)
+    unless ``priority_any`` (an API key with the ``priority:any`` scope, or the
+    API's mark on the stream entry). ``send_at`` is at most
+    ``settings.max_send_ahead_s`` after ``now`` (default: the time of the call);
+    at the door (the API passes ``now``) also at most ``settings.max_send_past_s``
+    before it."""
     try:
         size = len(raw.encode("utf-8", "surrogatepass")) if isinstance(raw, str) else len(raw)
     except TypeError:
@@ -173,7 +263,7 @@ def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, render
     if not isinstance(category, str):
         raise InvalidEvent("wrong_type", "category", "a string")
     if category not in settings.categories:
-        raise InvalidEvent("unknown_category", "category", category[:64])
+        raise InvalidEvent("unknown_category", "category", _echo(category, 64))
 
     template = data["template"]
     if not isinstance(template, str):
@@ -185,8 +275,9 @@ def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, render
         raise InvalidEvent("wrong_type", "template_version", "an integer")
     if version < 1:
         raise InvalidEvent("bad_value", "template_version", "≥ 1")
-    if not _TEMPLATE_RE.match(template) or not renderer.has_template(template, version):
-        raise InvalidEvent("unknown_template", "template", f"{template[:64]} v{version}")
+    _no_forbidden(template, "template")
+    if not _TEMPLATE_RE.fullmatch(template) or not renderer.has_template(template, version):
+        raise InvalidEvent("unknown_template", "template", f"{_echo(template, 64)} v{version}")
 
     recipients_raw = data["recipients"]
     if not isinstance(recipients_raw, list):
@@ -218,7 +309,7 @@ def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, render
             raise InvalidEvent("bad_value", "channels", "omit channels for the category's defaults")
         for c in channels:
             if c not in CHANNELS:
-                raise InvalidEvent("unknown_channel", "channels", c[:32])
+                raise InvalidEvent("unknown_channel", "channels", _echo(c, 32))
         channels = list(dict.fromkeys(channels))
 
     priority = data.get("priority")
@@ -226,7 +317,8 @@ def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, render
         if not isinstance(priority, str):
             raise InvalidEvent("wrong_type", "priority", "a string")
         if priority not in PRIORITIES:
-            raise InvalidEvent("bad_priority", "priority", priority[:32])
+            raise InvalidEvent("bad_priority", "priority", _echo(priority, 32))
+        priority = capped(settings.categories[category], priority, any_allowed=priority_any)
 
     return Event(
         biz_key=biz_key,
@@ -238,10 +330,27 @@ def parse_event(raw: bytes | bytearray | memoryview | str, settings: Any, render
         channels=channels,
         locale=_opt_locale(data),
         priority=priority,
-        send_at=_opt_time(data, "send_at"),
+        send_at=_send_at(data, settings, now),
         accepted_at=_opt_time(data, "accepted_at") or 0.0,
+        producer=_opt_producer(data),
+        callback_url=callback_url(data.get("callback_url")),
         v=v,
     )
+
+
+def _send_at(data: Mapping[str, Any], settings: Any, now: Optional[float]) -> Optional[float]:
+    """``send_at`` within its bounds (1e300 would be SCHEDULED forever)."""
+    send_at = _opt_time(data, "send_at")
+    if send_at is None:
+        return None
+    ref = time.time() if now is None else now
+    ahead = float(getattr(settings, "max_send_ahead_s", 30 * 86400.0))
+    if send_at > ref + ahead:
+        raise InvalidEvent("bad_value", "send_at", f"at most {ahead:.0f} s (max_send_ahead_s) from now")
+    past = float(getattr(settings, "max_send_past_s", 86400.0))
+    if now is not None and send_at < now - past:
+        raise InvalidEvent("bad_value", "send_at", f"at most {past:.0f} s (max_send_past_s) before now")
+    return send_at
 
 
 # --------------------------------------------------------------------------- preferences
@@ -262,6 +371,35 @@ def check_params(ev: Event, renderer: Any) -> None:
             problems.append(f"{name} ({channel}, {ev.locale or 'default locale'}) needs {', '.join(names)}")
     if problems:
         raise InvalidEvent("missing_params", "params", "; ".join(problems))
+
+
+#: quiet windows a channel may hold
+MAX_CHANNEL_WINDOWS = 8
+
+
+def _channel_quiet_hours(value: Any) -> dict[str, list[str]]:
+    """``{"push": ["22:00-07:00", "12:00-13:00"], "sms": []}``: each channel's own
+    quiet windows (``[]``: never quiet, whatever ``quiet_hours`` says)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidEvent("wrong_type", "channel_quiet_hours", 'an object like {"push": ["22:00-07:00"]}')
+    out: dict[str, list[str]] = {}
+    for chan, windows in value.items():
+        field = f"channel_quiet_hours.{chan}"
+        if not isinstance(chan, str) or chan not in CHANNELS:
+            raise InvalidEvent("unknown_channel", "channel_quiet_hours", str(chan)[:32])
+        if not isinstance(windows, list) or not all(isinstance(w, str) for w in windows):
+            raise InvalidEvent("wrong_type", field, "a list of 'HH:MM-HH:MM' windows")
+        if len(windows) > MAX_CHANNEL_WINDOWS:
+            raise InvalidEvent("bad_quiet_hours", field, f"at most {MAX_CHANNEL_WINDOWS} windows")
+        for w in windows:
+            try:
+                parse_quiet_hours(w)
+            except ValueError as exc:
+                raise InvalidEvent("bad_quiet_hours", field, str(exc)) from None
+        out[chan] = list(dict.fromkeys(w.replace(" ", "") for w in windows))
+    return out
 
 
 def parse_preferences(raw: Mapping[str, Any], settings: Any = None) -> Preferences:
@@ -293,7 +431,7 @@ def parse_preferences(raw: Mapping[str, Any], settings: Any = None) -> Preferenc
         if not dot or "." in chan:
             raise InvalidEvent("bad_value", field, "keys look like '<category>.<channel>' ('*' for any)")
         if cat != "*":
-            if not _NAME_RE.match(cat):
+            if not _NAME_RE.fullmatch(cat):
                 raise InvalidEvent("bad_value", field, "category names are a-z, 0-9, _")
             if settings is not None and cat not in settings.categories:
                 raise InvalidEvent("unknown_category", field, cat)
@@ -312,6 +450,7 @@ def parse_preferences(raw: Mapping[str, Any], settings: Any = None) -> Preferenc
         except ValueError as exc:
             raise InvalidEvent("bad_quiet_hours", "quiet_hours", str(exc)) from None
         quiet = quiet.replace(" ", "")
+    per_channel = _channel_quiet_hours(raw.get("channel_quiet_hours"))
 
     tz = raw.get("tz")
     tz = "UTC" if tz is None else tz
@@ -327,6 +466,7 @@ def parse_preferences(raw: Mapping[str, Any], settings: Any = None) -> Preferenc
         version=version,
         switches=clean,
         quiet_hours=quiet,
+        channel_quiet_hours=per_channel,
         tz=tz,
         phone=_phone(raw.get("phone")),
         email=_email(raw.get("email")),
@@ -344,36 +484,76 @@ def _opt_str(value: Any, field: str) -> Optional[str]:
     return value.strip() or None
 
 
+def _address_str(value: Any, field: str) -> Optional[str]:
+    """An address field as text: None when absent or blank; a control character
+    anywhere (a line break, a NUL, a tab …) is refused, before any trimming."""
+    if isinstance(value, str) and _CONTROL_RE.search(value):
+        raise InvalidEvent("bad_value", field, "no control characters (line breaks, NUL, tabs)")
+    return _opt_str(value, field)
+
+
 def _phone(value: Any) -> Optional[str]:
-    s = _opt_str(value, "phone")
+    s = _address_str(value, "phone")
     if s is None:
         return None
     s = _PHONE_STRIP_RE.sub("", s)
-    if not _PHONE_RE.match(s):
+    if not address_ok("sms", s):
         raise InvalidEvent("bad_value", "phone", "6 to 15 digits, optionally starting with +")
     return s
 
 
 def _email(value: Any) -> Optional[str]:
-    s = _opt_str(value, "email")
+    s = _address_str(value, "email")
     if s is None:
         return None
-    if len(s) > 254 or not _EMAIL_RE.match(s):
+    if not address_ok("email", s):
         raise InvalidEvent("bad_value", "email", "an address like name@example.com")
     return s
 
 
-def _webhook(value: Any) -> Optional[str]:
-    s = _opt_str(value, "webhook_url")
-    if s is None:
-        return None
+def _webhook_ok(s: str) -> bool:
+    """An http(s) URL with a host (a host name, IDNA-encodable, or an address) and
+    a valid port, at most 2048 characters, with no whitespace or control character
+    anywhere (a receiver's URL never has one: a space is %20)."""
+    if len(s) > 2048 or _CONTROL_RE.search(s) or any(c.isspace() for c in s):
+        return False
     try:
         parts = urlsplit(s)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and len(s) <= 2048
-    except ValueError:
-        ok = False
-    if not ok:
-        raise InvalidEvent("bad_value", "webhook_url", "an http(s) URL")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+        host = parts.hostname
+        if ":" not in host:
+            host.rstrip(".").encode("idna")
+    except (ValueError, UnicodeError):
+        return False
+    return True
+
+
+def callback_url(value: Any, field: str = "callback_url") -> Optional[str]:
+    """A producer's status callback URL (an event's ``callback_url``, an API key's
+    default): None when absent or ""; an http(s) URL as for a webhook (:func:`_webhook_ok`:
+    host, port, at most 2048 characters, no whitespace nor control character,
+    checked before any trimming), no format or separator character either (a
+    bidi override would disguise it in a log), no credentials in it (a secret
+    does not belong in a URL that is logged and stored; the POST is signed)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidEvent("wrong_type", field, "a string")
+    if not _webhook_ok(value) or id_problem(value) is not None:
+        raise InvalidEvent("bad_value", field, "an http(s) URL, without spaces or control characters")
+    if urlsplit(value).username is not None or "@" in urlsplit(value).netloc:
+        raise InvalidEvent("bad_value", field, "no credentials in the URL (the callbacks are signed)")
+    return value
+
+
+def _webhook(value: Any) -> Optional[str]:
+    s = _address_str(value, "webhook_url")
+    if s is None:
+        return None
+    if not _webhook_ok(s):
+        raise InvalidEvent("bad_value", "webhook_url", "an http(s) URL, without spaces or control characters")
     return s
 
 
@@ -417,12 +597,12 @@ def parse_device_update(raw: Mapping[str, Any]) -> DeviceUpdate:
     token = raw["token"]
     if not isinstance(token, str):
         raise InvalidEvent("wrong_type", "token", "a string")
-    if not TOKEN_RE.match(token):
+    if not TOKEN_RE.fullmatch(token):
         raise InvalidEvent("bad_value", "token", "1..512 of A-Z a-z 0-9 : _ . -")
     return DeviceUpdate(
         user_id=user_id,
         token=token,
-        platform=_choice(raw, "platform", ("apns", "fcm"), "apns"),
+        platform=_choice(raw, "platform", PUSH_PLATFORMS, "apns"),
         op=_choice(raw, "op", ("add", "remove"), "add"),
         at=_finite(raw, "at", 0.0),
         v=v,
@@ -441,7 +621,7 @@ def parse_receipt(raw: Mapping[str, Any]) -> Receipt:
     provider = raw["provider"]
     if not isinstance(provider, str):
         raise InvalidEvent("wrong_type", "provider", "a string")
-    if not _NAME_RE.match(provider):
+    if not _NAME_RE.fullmatch(provider):
         raise InvalidEvent("bad_value", "provider", "a provider name (a-z, 0-9, _)")
     msg_id = _str_field(raw, "provider_msg_id", MAX_PROVIDER_MSG_ID)
     status = _choice(raw, "status", ("DELIVERED", "UNDELIVERED"))
@@ -451,29 +631,30 @@ def parse_receipt(raw: Mapping[str, Any]) -> Receipt:
             raise InvalidEvent("wrong_type", "error", "a string")
         if len(error) > 1000:
             raise InvalidEvent("bad_value", "error", "at most 1000 characters")
-    return Receipt(provider=provider, provider_msg_id=msg_id, status=status, at=_finite(raw, "at", 0.0),
-                   error=error, v=v)
+    at = _finite(raw, "at", 0.0)
+    if at >= MAX_TIME:  # the year 2286: a receipt in milliseconds, or a forgery; the store refuses it
+        raise InvalidEvent("bad_value", "at", "a unix time in seconds")
+    return Receipt(provider=provider, provider_msg_id=msg_id, status=status, at=at, error=error, v=v)
 
 
 def address_ok(channel: str, address: str) -> bool:
     """Whether ``address`` has the form of an address on ``channel`` (a phone
-    number, an e-mail address, ``apns:``/``fcm:`` + token, an http(s) URL; the
-    inbox needs none). Nothing with a line break or a control character passes, so
-    no address can inject a header or a protocol line."""
-    if not isinstance(address, str):
+    number, an e-mail address, ``apns:``/``fcm:``/``hms:`` + token, an http(s) URL; the
+    inbox needs none). Nothing with a line break or a control character passes
+    (the whole value is matched: ``fullmatch``, never ``match`` with ``$``, which
+    lets a trailing newline through), so no address can inject a header or a
+    protocol line. The same check decides at the door (the API's PUTs, the users'
+    topics: :func:`parse_preferences`) and at the send (adapters/dispatch.py:
+    an address that fails it is FAILED ``bad_address``, never retried)."""
+    if not isinstance(address, str) or _CONTROL_RE.search(address):
         return False
     if channel == "sms":
-        return bool(_PHONE_RE.match(address))
+        return bool(_PHONE_RE.fullmatch(address))
     if channel == "email":
-        return len(address) <= 254 and bool(_EMAIL_RE.match(address))
+        return len(address) <= 254 and bool(_EMAIL_RE.fullmatch(address))
     if channel == "push":
         platform, _, token = address.partition(":")
-        return platform in ("apns", "fcm") and bool(TOKEN_RE.match(token))
+        return platform in PUSH_PLATFORMS and bool(TOKEN_RE.fullmatch(token))
     if channel == "webhook":
-        if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in address):
-            return False
-        try:
-            return _webhook(address) is not None
-        except InvalidEvent:
-            return False
+        return _webhook_ok(address)
     return True

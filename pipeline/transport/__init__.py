@@ -35,7 +35,7 @@ from faust.types import TP
 from yarl import URL
 
 from .bulkload import read_changelog
-from .client import BrokerUnavailable, BrokerURLError, connect, is_cluster, parse_url, raw_reply
+from .client import BrokerUnavailable, BrokerURLError, connect, is_cluster, parse_url, public_url, raw_reply
 from .consumer import Consumer
 from .elastic import ElasticConsumer
 from .keys import Keys
@@ -99,11 +99,11 @@ class TransportOptions:
             sync_s=_opt(q, "sync", float, None),
         )
         if opts.members not in ("static", "dynamic"):
-            raise BrokerURLError(f"broker URL {url}: members must be static or dynamic, got {opts.members!r}")
+            raise BrokerURLError(f"broker URL {public_url(url)}: members must be static or dynamic, got {opts.members!r}")
         if opts.members == "dynamic":  # no slots: the group assigns partitions
             opts = dataclasses.replace(opts, slots=1, slot=None, max_slots=None)
         if opts.slots < 1 or (opts.slot is not None and not 0 <= opts.slot < opts.slots):
-            raise BrokerURLError(f"broker URL {url}: need slots >= 1 and 0 <= slot < slots")
+            raise BrokerURLError(f"broker URL {public_url(url)}: need slots >= 1 and 0 <= slot < slots")
         return opts
 
 
@@ -124,7 +124,7 @@ class Transport(base.Transport):
 
     def __init__(self, url: Any, app: Any, loop: Any = None) -> None:
         super().__init__(url, app, loop=loop)
-        self.broker_url = parse_url(url[0])
+        self.broker_url = parse_url(url)  # a list: Faust splits at ',' (several seed nodes)
         self.options = TransportOptions.from_url(self.broker_url)
         self.keys = Keys(self.options.prefix)
         self._client: Any = None

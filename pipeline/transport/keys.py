@@ -73,6 +73,11 @@ class Keys:
         return f"{self.ns}:breakers"
 
     @property
+    def releases(self) -> str:
+        """Gray releases set through the API: name → JSON (pipeline/rules/release.py)."""
+        return f"{self.ns}:releases"
+
+    @property
     def supervisor(self) -> str:
         return f"{self.ns}:supervisor"
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from config.settings import load_settings
 from pipeline.api import make_app
-from pipeline.api.auth import add_key
+from pipeline.api.auth import SCOPES, add_key
 
 PARTITIONS = 4
 TWILIO_TOKEN = "twilio-test-token"
@@ -55,12 +55,14 @@ def api_settings(tmp_path: Path):
 def make_keys(path: Path) -> dict[str, str]:
     keys = {}
     for name, scopes in {
-        "all": ["events:write", "records:read", "users:write"],
+        "all": list(SCOPES),
         "events": ["events:write"],
-        "reader": ["records:read"],
+        "reader": ["records:read", "users:read"],
         "users": ["users:write"],
     }.items():
-        keys[name] = add_key(path, f"test-{name}", scopes)[1]
+        # one producer's keys, each with its own scopes (producers' key spaces:
+        # tests/security/test_producers.py)
+        keys[name] = add_key(path, "test", scopes)[1]
     return keys
 
 

@@ -18,17 +18,17 @@ ENDPOINTS = [
                "params": {"code": "1"}}}, 202),
     ("GET", f"/v1/notifications/{NID}", "records:read", {}, 404),
     ("GET", "/v1/notifications?user_id=u1", "records:read", {}, 200),
-    ("GET", "/v1/users/u1/preferences", "records:read", {}, 404),
+    ("GET", "/v1/users/u1/preferences", "users:read", {}, 404),
     ("PUT", "/v1/users/u1/preferences", "users:write", {"json": {"tz": "Europe/Paris"}}, 202),
     ("PUT", "/v1/users/u1/devices/tok1", "users:write", {"json": {"platform": "apns"}}, 202),
     ("DELETE", "/v1/users/u1/devices/tok1", "users:write", {}, 202),
-    ("GET", "/v1/users/u1/inbox", "records:read", {}, 200),
+    ("GET", "/v1/users/u1/inbox", "users:read", {}, 200),
     ("POST", "/v1/users/u1/inbox/read", "users:write", {"json": {"all": True}}, 200),
 ]
 #: a key that lacks each scope
-LACKING = {"events:write": "reader", "records:read": "users", "users:write": "events"}
+LACKING = {"events:write": "reader", "records:read": "users", "users:read": "events", "users:write": "events"}
 #: the key with exactly that scope
-HAVING = {"events:write": "events", "records:read": "reader", "users:write": "users"}
+HAVING = {"events:write": "events", "records:read": "reader", "users:read": "reader", "users:write": "users"}
 
 
 @pytest.mark.parametrize("method,path,scope,kw,ok", ENDPOINTS, ids=[f"{m} {p}" for m, p, *_ in ENDPOINTS])

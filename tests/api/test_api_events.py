@@ -13,8 +13,12 @@ from pipeline import ids
 from pipeline.models import Outcome
 from pipeline.store import RecordStore
 from pipeline.transport.keys import Keys
+from tests.api.conftest import BOOTSTRAP
 
 from aiokafka.partitioner import DefaultPartitioner
+
+#: the producer of the tests' keys (tests/api/conftest.py)
+P = "test"
 
 PARTITIONS = 4  # tests/api/conftest.py
 
@@ -47,7 +51,7 @@ async def test_event_is_in_the_stream_when_accepted(api):
     assert status == 202, body
     assert body["status"] == "accepted"
     assert [n["notification_id"] for n in body["notifications"]] == [
-        ids.notification_id("order_shipped:A1", "u1"), ids.notification_id("order_shipped:A1", "u2")
+        ids.notification_id("order_shipped:A1", "u1", P), ids.notification_id("order_shipped:A1", "u2", P)
     ]
     entries = stream_entries(api.redis_url, "notify.events")
     assert len(entries) == 1
@@ -55,7 +59,7 @@ async def test_event_is_in_the_stream_when_accepted(api):
     # two recipients: keyed by the biz_key, the partition the Faust producer would pick (murmur2)
     assert p == DefaultPartitioner()(b"order_shipped:A1", list(range(PARTITIONS)), list(range(PARTITIONS)))
     assert fields[b"k"] == b"order_shipped:A1"
-    assert fields[b"h:producer"] == b"test-events"
+    assert fields[b"h:producer"] == b"test"
     value = orjson.loads(fields[b"v"])
     assert value["biz_key"] == "order_shipped:A1" and value["recipients"] == ["u1", "u2"]
     assert before <= value["accepted_at"] <= time.time()
@@ -70,15 +74,20 @@ async def test_event_is_in_the_stream_when_accepted(api):
 async def test_high_priority_events_go_to_their_own_topic(api):
     """OTPs (category otp, priority high) are written to notify.events.high, so a
     campaign in notify.events never stands in front of them; an explicit priority
-    decides over the category's."""
+    decides over the category's up to the category's max_priority, above it only
+    for a key with the priority:any scope (the bootstrap key has every scope;
+    tests/security/test_door.py)."""
     otp = {"biz_key": "otp:1", "category": "otp", "template": "otp", "recipients": ["u1"], "params": {"code": "1"}}
     status, body = await api.call("POST", "/v1/events", "events", json=[
         otp, event("order_shipped:B1"), event("order_shipped:B2", priority="high")])
     assert status == 202, body
+    assert [r["priority"] for r in body["results"]] == ["high", "normal", "normal"]  # B2: capped
+    status, body = await api.call("POST", "/v1/events", BOOTSTRAP, json=event("order_shipped:B3", priority="high"))
+    assert status == 202 and body["priority"] == "high", body
     high = sorted(orjson.loads(f[b"v"])["biz_key"] for _p, f in stream_entries(api.redis_url, "notify.events.high"))
-    rest = [orjson.loads(f[b"v"])["biz_key"] for _p, f in stream_entries(api.redis_url, "notify.events")]
-    assert high == ["order_shipped:B2", "otp:1"]
-    assert rest == ["order_shipped:B1"]
+    rest = sorted(orjson.loads(f[b"v"])["biz_key"] for _p, f in stream_entries(api.redis_url, "notify.events"))
+    assert high == ["order_shipped:B3", "otp:1"]
+    assert rest == ["order_shipped:B1", "order_shipped:B2"]
 
 
 async def test_repeat_answers_original_ids_and_states_without_writing(api):
@@ -86,9 +95,9 @@ async def test_repeat_answers_original_ids_and_states_without_writing(api):
     assert status == 202
     # one of the two is recorded by the pipeline meanwhile
     store = await RecordStore(str(api.store_path)).open()
-    nid = ids.notification_id("promo:1", "u1")
+    nid = ids.notification_id("promo:1", "u1", P)
     await store.apply_outcomes([Outcome(
-        delivery_id=ids.delivery_id("promo:1", "u1", "push"), notification_id=nid, biz_key="promo:1",
+        delivery_id=ids.delivery_id("promo:1", "u1", "push", P), notification_id=nid, biz_key="promo:1", producer=P,
         user_id="u1", channel="push", category="transaction", template="order_shipped", priority="normal",
         state="ACCEPTED", at=time.time(), provider="apns", provider_msg_id="m1",
     )])
@@ -130,8 +139,8 @@ async def test_batch_one_round_trip_mixed(api):
     assert status == 202, body
     res = body["results"]
     assert [r["status"] for r in res] == ["duplicate", "accepted", "accepted", "accepted", "accepted", "duplicate"]
-    assert res[1]["notifications"][0]["notification_id"] == ids.notification_id("b:1", "u1")
-    assert res[5]["notifications"][0]["notification_id"] == ids.notification_id("b:1", "u1")
+    assert res[1]["notifications"][0]["notification_id"] == ids.notification_id("b:1", "u1", P)
+    assert res[5]["notifications"][0]["notification_id"] == ids.notification_id("b:1", "u1", P)
     entries = stream_entries(api.redis_url, "notify.events")
     # one recipient each: keyed by the user, where the user's tables are (topics.event_key)
     assert sorted(f[b"k"] for _p, f in entries) == [b"u0", b"u1", b"u2", b"u3", b"u4"]

@@ -188,3 +188,22 @@ async def test_status_page_and_json(api):
     dead = doc["dead_letters"]
     assert [d["key"] for d in dead] == [f"k{i}" for i in range(11, 1, -1)]  # newest 10
     assert all("payload" not in d for d in dead) and "secret-payload" not in orjson.dumps(doc).decode()
+
+
+async def test_the_scaling_signal_follows_the_backlog(api):
+    """A backlog on the high lanes older than the OTP goal (5 s) and not draining:
+    one worker more is asked for; once it drains, one is enough (issue 20, item 7)."""
+    m = await scrape(api)
+    assert m[("notify_workers_needed", (("priority", "high"),))] == 1
+    produce(api.redis_url, "notify.send.sms.high", 1, [b"x"] * 50, time.time() - 30)
+    await asyncio.sleep(0.3)
+    m = await scrape(api)
+    assert m[("notify_priority_oldest_seconds", (("priority", "high"),))] >= 30
+    assert m[("notify_workers_needed", (("priority", "high"),))] == 2
+    status, doc = await api.call("GET", "/v1/status.json", None)
+    high = next(x for x in doc["scaling"] if x["priority"] == "high")
+    assert (high["lag"], high["workers_needed"], high["goal_s"]) == (50, 2, 5.0)
+    commit(api.redis_url, "notify.send.sms.high", 1, 50)
+    await asyncio.sleep(0.3)
+    m = await scrape(api)
+    assert m[("notify_workers_needed", (("priority", "high"),))] == 1

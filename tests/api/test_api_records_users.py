@@ -14,16 +14,20 @@ from pipeline.models import Attempt, Outcome
 from pipeline.store import InboxItem, RecordStore
 from pipeline.transport.keys import Keys
 
+#: the producer of the tests' keys (tests/api/conftest.py)
+P = "test"
+
 PARTITIONS = 4  # tests/api/conftest.py
 
 
 def outcome(biz_key, user, channel, state, at, seq=None, **kw):
-    did = ids.delivery_id(biz_key, user, channel)
+    """An outcome of the tests' producer (the keys' own: records:read shows only those)."""
+    did = ids.delivery_id(biz_key, user, channel, P)
     attempt = None
     if seq is not None:
         attempt = Attempt(delivery_id=did, seq=seq, channel=channel, provider=kw.get("provider", "twilio"),
                           started_at=at - 0.1, result=kw.pop("result", "ACCEPTED"), latency_ms=12.0)
-    return Outcome(delivery_id=did, notification_id=ids.notification_id(biz_key, user), biz_key=biz_key,
+    return Outcome(delivery_id=did, notification_id=ids.notification_id(biz_key, user, P), biz_key=biz_key, producer=P,
                    user_id=user, channel=channel, category="transaction", template="order_shipped",
                    priority="normal", state=state, at=at, attempt=attempt, accepted_at=at - 1, **kw)
 
@@ -50,7 +54,7 @@ async def test_notification_by_id_with_attempts(api):
         outcome("o:1", "u1", "push", "FILTERED", now - 1, reason="unreachable"),
     ])
     await store.close()
-    nid = ids.notification_id("o:1", "u1")
+    nid = ids.notification_id("o:1", "u1", P)
 
     status, body = await api.call("GET", f"/v1/notifications/{nid}", "reader")
     assert status == 200, body
@@ -138,6 +142,15 @@ async def test_devices(api):
     vals = [orjson.loads(f[b"v"]) for _p, f in written]
     assert [(v["op"], v["token"], v["platform"]) for v in vals] == [("add", "abc123", "fcm"), ("remove", "abc123", "apns")]
     assert {p for p, _f in written} == {partition_of(b"u6")}
+
+
+async def test_a_huawei_device_registers_with_platform_hms(api):
+    status, body = await api.call("PUT", "/v1/users/u7/devices/IQAAAACy0kYk", "users", json={"platform": "hms"})
+    assert (status, body["platform"]) == (202, "hms")
+    status, body = await api.call("DELETE", "/v1/users/u7/devices/IQAAAACy0kYk?platform=hms", "users")
+    assert (status, body["platform"], body["op"]) == (202, "hms", "remove")
+    status, body = await api.call("PUT", "/v1/users/u7/devices/IQAAAACy0kYk", "users", json={"platform": "mipush"})
+    assert status == 400 and "hms" in body["error"]["message"], body
 
 
 async def test_inbox_and_unread(api):

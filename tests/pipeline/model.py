@@ -10,7 +10,10 @@ CATEGORIES = {
     "otp": dict(priority="high", limit=None, fallback=False, default=["sms"]),
     "security": dict(priority="high", limit=None, fallback=False, default=["push", "sms", "email", "inbox"]),
     "transaction": dict(priority="normal", limit=20, fallback=True, default=["push", "inbox"]),
-    "marketing": dict(priority="low", limit=3, fallback=True, default=["push", "email"]),
+    "marketing": dict(priority="low", limit=3, fallback=True, default=["push", "email"],
+                      # at most 1 in 10 minutes, 3 in an hour; a test runs well inside ten minutes,
+                      # so a user's second marketing notification is refused
+                      windows=[(600, 1), (3600, 3)]),
 }
 # which template exists for which channel (config/templates, v1) and the params each needs
 TEMPLATES = {
@@ -84,13 +87,16 @@ class Model:
             for c in usable:
                 self.expected[(ev["biz_key"], user.id, c)] = ("SCHEDULED", "deferred")
             return
-        if cat["limit"] is not None:
-            n = self.count.get((user.id, ev["category"]), 0)
-            if n >= cat["limit"]:
-                for c in usable:
-                    self.expected[(ev["biz_key"], user.id, c)] = ("FILTERED", "over_limit")
-                return
-            self.count[(user.id, ev["category"])] = n + 1
+        n = self.count.get((user.id, ev["category"]), 0)
+        if cat["limit"] is not None and n >= cat["limit"]:
+            for c in usable:
+                self.expected[(ev["biz_key"], user.id, c)] = ("FILTERED", "over_limit")
+            return
+        if any(n >= most for _w, most in cat.get("windows", ())):
+            for c in usable:
+                self.expected[(ev["biz_key"], user.id, c)] = ("FILTERED", "rate_window")
+            return
+        self.count[(user.id, ev["category"])] = n + 1
         channels_ok, needs = TEMPLATES[ev["template"]]
         for c in usable:
             need = NEEDS.get((ev["template"], c), needs)

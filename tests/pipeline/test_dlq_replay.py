@@ -32,7 +32,8 @@ class Receiver:
 
 def test_a_dead_lettered_delivery_is_replayed_once_and_its_record_moves(redis_url, tmp_path):
     rx = Receiver()
-    pipe = Pipeline(redis_url, tmp_path, NOTIFY_PROVIDERS="simulators")
+    # a receiver on this machine: allowed explicitly (only the simulators' own is by default)
+    pipe = Pipeline(redis_url, tmp_path, NOTIFY_PROVIDERS="simulators", NOTIFY_WEBHOOK_ALLOW=f"127.0.0.1:{rx.port}")
     try:
         pipe.preferences([{"user_id": "rp1", "version": 1, "webhook_url": f"http://127.0.0.1:{rx.port}/hook"}])
         proc = pipe.start()

@@ -56,7 +56,8 @@ def pipe(redis_url, tmp_path):
 def test_a_hanging_call_holds_one_slot_not_the_lane(pipe):
     rx = Receiver()
     pipe.preferences([{"user_id": u, "version": 1, "webhook_url": rx.url(u)} for u in USERS])
-    proc = pipe.start()
+    # a receiver on this machine: allowed explicitly (only the simulators' own is by default)
+    proc = pipe.start(NOTIFY_WEBHOOK_ALLOW=f"127.0.0.1:{rx.port}")
     wait_until(lambda: "Worker ready" in pipe.log() or proc.poll() is not None, 60, 0.1, "the worker ready")
     params = {"order_no": "1", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t.example/x"}
 

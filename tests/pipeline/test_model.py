@@ -71,7 +71,8 @@ def make_events(rng: random.Random, users: dict[str, User], n: int) -> list[dict
     events: list[dict] = []
     partitioner = DefaultPartitioner()
     parts = list(range(PARTITIONS))
-    # daily-limit users: five marketing events each, all on one events partition (ordered)
+    # capped users (sliding window, then the daily limit): five marketing events each, all on
+    # one events partition (ordered)
     for c in range(4):
         uid = f"cap{c}"
         k = 0
@@ -99,7 +100,10 @@ def make_events(rng: random.Random, users: dict[str, User], n: int) -> list[dict
                 params.pop("carrier")  # a missing variable: template_error
             ev = {"category": "transaction", "template": "order_shipped", "params": params}
         elif r < 0.8:
-            to = [u for u in rng.sample(plain, rng.randint(1, 5)) if per_user_marketing.get(u, 0) < 3]
+            # a user's notifications of events to several users come in no fixed order (the
+            # events' partitions differ): one marketing each, under the sliding window of one
+            # per 10 minutes; the cap users' ordered events test the window
+            to = [u for u in rng.sample(plain, rng.randint(1, 5)) if per_user_marketing.get(u, 0) < 1]
             for u in to:
                 per_user_marketing[u] = per_user_marketing.get(u, 0) + 1
             ev = {"category": "marketing", "template": "promo", "channels": ["push", "email"],

@@ -92,3 +92,43 @@ def test_dedup_entry_expires_with_its_own_categorys_window(seen_at, age, categor
     window = windows.get(category, 86400)
     assert expired == (not is_duplicate(seen_at, now, window))
     assert dedup_expired([seen_at, 7], now, windows) == (now - seen_at >= 86400)  # written before categories
+
+
+# --- seed 002's sliding windows ---------------------------------------------------
+
+from hypothesis import given as _given  # noqa: E402
+from hypothesis import strategies as _st  # noqa: E402
+
+from pipeline.rules.guard import window_after, window_expired, window_refused  # noqa: E402
+
+_WINDOWS = _st.lists(_st.tuples(_st.integers(1, 3600), _st.integers(0, 5)), min_size=1, max_size=3).map(
+    lambda ws: tuple(sorted(set(ws))))
+
+
+@_given(_WINDOWS, _st.lists(_st.floats(0, 5000, allow_nan=False), max_size=60))
+def test_windows_decide_as_the_seeds_zset_with_bounded_state(windows, gaps):
+    """Against the reference (every send time ever, as the seed's ZSET holds them):
+    the same decision for every attempt, keeping at most the largest n times."""
+    now, zset, kept = 10_000.0, [], []
+    for gap in gaps:
+        now += gap
+        model = any(sum(1 for t in zset if t > now - w) >= n for w, n in windows)
+        assert window_refused(kept, now, windows) == model
+        if not model:
+            zset.append(now)
+            kept = window_after(kept, now, windows)
+            assert len(kept) <= max(n for _w, n in windows)
+
+
+def test_one_in_ten_minutes_and_three_in_an_hour():
+    w = ((600, 1), (3600, 3))
+    times: list[float] = []
+    sent = []
+    for t in (0, 100, 601, 1202, 1803, 3601, 4202):
+        if not window_refused(times, t, w):
+            times = window_after(times, t, w)
+            sent.append(t)
+    # 100: inside 10 minutes of 0; 1803: the fourth in an hour; 3601: the hour since 0 has passed
+    assert sent == [0, 601, 1202, 3601, 4202]
+    assert window_expired([0.0, 10.0], 3611.0, 3600) and not window_expired([0.0, 12.0], 3611.0, 3600)
+    assert window_expired("junk", 0, 3600)

@@ -24,9 +24,10 @@ def intent(**kw):
     return Intent(**base)
 
 
-def plan(i, prefs=None, devices=None, seen=None, count=0, now=NOW):
+def plan(i, prefs=None, devices=None, seen=None, count=0, now=NOW, recent=None):
     return plan_intent(i, settings=S, renderer=R, prefs=prefs, devices=devices, now=now,
-                       dedup_seen=lambda k: (seen or {}).get(k), count_today=lambda k: count)
+                       dedup_seen=lambda k: (seen or {}).get(k), count_today=lambda k: count,
+                       recent_sends=lambda k: (recent or {}).get(k, []))
 
 
 def states(p):
@@ -44,6 +45,18 @@ def test_opted_out_everywhere_and_no_fallback_for_otp():
     prefs = Preferences(user_id="u1", phone="+15550001000", switches={"otp.*": False})
     p = plan(intent(category="otp", template="otp", priority="high", channels=["sms"], params={"code": "1"}), prefs)
     assert states(p) == {"sms": ("FILTERED", "opted_out")} and not p.deliveries
+    assert p.no_channel == "opted_out"  # counted on notify_no_channel_total for an alert
+    p = plan(intent(category="otp", template="otp", priority="high", channels=["sms"], params={"code": "1"}),
+             Preferences(user_id="u1"))
+    assert p.no_channel == "unreachable" and not p.deliveries
+    assert plan(intent(channels=["sms"]), Preferences(user_id="u1")).no_channel is None  # the inbox took it
+
+
+def test_every_outcome_carries_the_preferences_version():
+    prefs = Preferences(user_id="u1", phone="+15550001000", version=7, switches={"transaction.push": False})
+    p = plan(intent(channels=["sms", "push"]), prefs)
+    assert {o.channel: o.pref_version for o in p.outcomes} == {"sms": 7, "push": 7}
+    assert [d.pref_version for d in p.deliveries] == [7]
 
 
 def test_quiet_hours_defer_normal_but_not_high():
@@ -128,3 +141,61 @@ def test_superseded_by_attempt_state_and_replay_round():
     assert not superseded({"a": 1, "s": "FAILED", "r": 0}, 1, replay=1)
     assert superseded({"a": 2, "s": "ACCEPTED", "r": 1}, 1, replay=1)
     assert superseded({"a": 2, "s": "ACCEPTED", "r": 1}, 0, replay=0)  # the old round, read again
+
+
+def test_marketing_sliding_windows_refuse_as_rate_window_and_are_counted_once():
+    promo = dict(category="marketing", template="promo", priority="low", channels=["email", "inbox"],
+                 params={"headline": "h", "discount": "10%", "url": "https://x"})
+    prefs = Preferences(user_id="u1", email="u1@example.com")
+    p = plan(intent(**promo), prefs)
+    assert [d.channel for d in p.deliveries] == ["email", "inbox"]
+    assert p.window == ("u1|marketing", [NOW]) and p.counter_key  # one send time for the notification
+    p = plan(intent(**promo, biz_key="b2"), prefs, recent={"u1|marketing": [NOW - 300]})
+    assert states(p) == {"email": ("FILTERED", "rate_window"), "inbox": ("FILTERED", "rate_window")}
+    assert p.window is None and p.counter_key is None and not p.dedup_keys  # refused: counted nowhere
+    p = plan(intent(**promo, biz_key="b3"), prefs, recent={"u1|marketing": [NOW - 3000, NOW - 2000, NOW - 1000]})
+    assert states(p)["email"] == ("FILTERED", "rate_window")  # the third in an hour already went
+    # the daily cap is checked first (seed order), a category without windows is untouched
+    p = plan(intent(**promo, biz_key="b4"), prefs, count=3, recent={"u1|marketing": [NOW - 300]})
+    assert states(p)["email"] == ("FILTERED", "over_limit")
+    assert plan(intent(), prefs).window is None
+
+
+def test_each_channel_is_deferred_by_its_own_quiet_hours():
+    hour = time.gmtime(NOW).tm_hour
+    now_window = f"{(hour - 1) % 24:02d}:00-{(hour + 1) % 24:02d}:00"
+    later_window = f"{(hour - 1) % 24:02d}:00-{(hour + 2) % 24:02d}:00"
+    prefs = Preferences(user_id="u1", phone="+15550001000", email="u1@example.com", quiet_hours=now_window,
+                        channel_quiet_hours={"sms": [], "email": [later_window]})
+    p = plan(intent(channels=["sms", "email", "push", "inbox"]), prefs, devices=[["apns", "ab" * 32, 1.0]])
+    st = states(p)
+    # sms has no quiet hours of its own: now; push and inbox use the user's window; email its own
+    assert st["sms"] == ("PENDING", None)
+    assert st["email"] == st["push"] == st["inbox"] == ("SCHEDULED", "deferred")
+    by_channels = {tuple(t.payload["channels"]): t for t in p.timers}
+    assert set(by_channels) == {("email",), ("push", "inbox")}
+    assert by_channels[("email",)].due_at - by_channels[("push", "inbox")].due_at == 3600
+    assert {t.timer_id for t in p.timers} == {"n_1:intent:email", "n_1:intent:push+inbox"}
+    # every channel waiting together keeps the one timer of before
+    p = plan(intent(channels=["push", "inbox"]), prefs, devices=[["apns", "ab" * 32, 1.0]])
+    assert [t.timer_id for t in p.timers] == ["n_1:intent"]
+
+
+def test_backpressure_holds_throttled_categories_only():
+    from pipeline.rules.backpressure import throttle
+
+    promo = dict(category="marketing", template="promo", priority="low", channels=["inbox"],
+                 params={"headline": "h", "discount": "10%", "url": "https://x"})
+    prefs = Preferences(user_id="u1", phone="+15550001000")
+    p = plan_intent(intent(**promo), settings=S, renderer=R, prefs=prefs, devices=None, now=NOW,
+                    dedup_seen=lambda k: None, count_today=lambda k: 0, backpressure=True)
+    assert states(p) == {"inbox": ("SCHEDULED", "backpressure")} and not p.deliveries and not p.dedup_keys
+    t = p.timers[0]
+    assert (t.timer_id, t.due_at, t.payload["deferrals"]) == ("n_1:backpressure:0", NOW + S.backpressure.retry_s, 1)
+    # transactional and OTP never wait for it
+    p = plan_intent(intent(channels=["sms"]), settings=S, renderer=R, prefs=prefs, devices=None, now=NOW,
+                    dedup_seen=lambda k: None, count_today=lambda k: 0, backpressure=True)
+    assert states(p) == {"sms": ("PENDING", None)}
+    # the throttle: on past after_s, off under half of it, and as it was between
+    assert throttle(False, 61, 60) and throttle(True, 45, 60) and not throttle(False, 45, 60)
+    assert not throttle(True, 29, 60)

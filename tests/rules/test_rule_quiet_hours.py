@@ -170,3 +170,28 @@ def test_quiet_until_properties_near_dst_transitions(window, tz, data):
         assert until > now
         assert not in_window(start, end, wall(until, zone))
         assert in_window(start, end, wall(max(now, until - 1), zone))
+
+
+# --- quiet hours per channel (seed 002's preference store) ---------------------------
+
+from pipeline.models import Preferences  # noqa: E402
+from pipeline.rules.quiet_hours import channel_quiet_ends, channel_windows, quiet_until_any  # noqa: E402
+
+
+def test_a_channel_uses_its_own_windows_else_the_users():
+    p = Preferences(user_id="u", quiet_hours="22:00-07:00", channel_quiet_hours={"push": ["12:00-13:00"], "sms": []})
+    assert channel_windows(p, "push") == ["12:00-13:00"]
+    assert channel_windows(p, "sms") == []  # never quiet
+    assert channel_windows(p, "email") == ["22:00-07:00"]
+    assert channel_windows(Preferences(user_id="u"), "email") == []
+
+
+def test_touching_windows_are_waited_out_one_after_the_other():
+    noon = 1_800_000_000 - 1_800_000_000 % 86400 + 12 * 3600  # 12:00 UTC
+    assert quiet_until_any(["11:00-13:00", "13:00-14:30"], "UTC", noon) == noon + 2.5 * 3600
+    assert quiet_until_any(["11:00-13:00", "20:00-21:00"], "UTC", noon) == noon + 3600
+    assert quiet_until_any(["20:00-21:00"], "UTC", noon) is None
+    ends = channel_quiet_ends("normal", Preferences(user_id="u", channel_quiet_hours={"push": ["11:00-13:00"]}),
+                              ["push", "email"], noon)
+    assert ends == {"push": noon + 3600, "email": None}
+    assert channel_quiet_ends("high", Preferences(user_id="u", quiet_hours="00:00-23:59"), ["sms"], noon) == {"sms": None}

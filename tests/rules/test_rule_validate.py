@@ -43,7 +43,7 @@ def test_good_event():
             recipients=["u1", 2, "u1", " 3 ", 2],
             channels=["sms", "push", "sms"],
             locale="zh-CN",
-            priority="high",
+            priority="low",  # at most the category's cap (transaction: normal; pipeline/rules/priority.py)
             send_at=1_700_000_000,
             accepted_at=1_699_999_999.5,
             template_version=1,
@@ -54,7 +54,7 @@ def test_good_event():
     assert isinstance(e, Event)
     assert e.recipients == ["u1", "2", "3"]
     assert e.channels == ["sms", "push"]
-    assert (e.locale, e.priority, e.send_at, e.accepted_at) == ("zh-CN", "high", 1_700_000_000.0, 1_699_999_999.5)
+    assert (e.locale, e.priority, e.send_at, e.accepted_at) == ("zh-CN", "low", 1_700_000_000.0, 1_699_999_999.5)
     assert e.params == {"order_no": "A-1001"}
 
 

@@ -72,7 +72,9 @@ def only_invalid_event(fn, *args):
 def valid_events(draw):
     code = draw(st.sampled_from(["otp", "promo", "order_shipped", "welcome", "security_alert"]))
     doc = {
-        "biz_key": draw(st.text(min_size=1, max_size=64).filter(str.strip)),
+        # no control, format or separator characters in an id (tests/security/test_door.py)
+        "biz_key": draw(st.text(st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Zl", "Zp")),
+                                min_size=1, max_size=64).filter(str.strip)),
         "category": draw(st.sampled_from(sorted(SETTINGS.categories))),
         "template": code,
         "recipients": draw(st.lists(ids | st.integers(0, 10**12), min_size=1, max_size=6)),
@@ -82,7 +84,7 @@ def valid_events(draw):
         "channels": st.lists(st.sampled_from(CHANNELS), min_size=1, max_size=5),
         "locale": st.sampled_from(["en", "zh-CN", "pt_BR"]),
         "priority": st.sampled_from(PRIORITIES),
-        "send_at": st.floats(0, 4e9),
+        "send_at": st.floats(0, 1.7e9),  # at most max_send_ahead_s (30 days) from now
         "template_version": st.just(1),
     }.items():
         if draw(st.booleans()):
@@ -285,7 +287,9 @@ def test_records_with_any_field_changed_parse_or_invalid(case):
     assert again.asdict() == rec.asdict()
     if isinstance(rec, Delivery):
         assert rec.channel in CHANNELS and rec.priority in PRIORITIES
-        assert not rec.address or address_ok(rec.channel, rec.address)
+        # the address is checked at the send (adapters/dispatch.py): FAILED bad_address
+        # with a record, not a dead letter here (tests/security/test_addresses.py)
+        assert isinstance(rec.address, str)
     if isinstance(rec, Intent):
         assert rec.priority in PRIORITIES and rec.category in SETTINGS.categories
     if isinstance(rec, Timer) and rec.kind == "intent":
@@ -310,6 +314,9 @@ def test_stream_entries_decode_or_invalid(model, value, key):
 def test_stream_entry_reasons():
     d = orjson.dumps(delivery_doc())
     assert entries.decode(Delivery, d, b"u1", SETTINGS).user_id == "u1"
+    # a bad address decodes: the lane refuses it at the send, FAILED bad_address (never PENDING)
+    bad = orjson.dumps(delivery_doc(address="a@b.c\r\nBcc: x@y.z", channel="email"))
+    assert entries.decode(Delivery, bad, b"u1", SETTINGS).address == "a@b.c\r\nBcc: x@y.z"
     cases = [
         (Delivery, None, b"u1", "empty"),
         (Delivery, b"", b"u1", "bad_json"),
@@ -318,7 +325,6 @@ def test_stream_entry_reasons():
         (Delivery, d, b"u2", "wrong_key"),
         (Delivery, d, None, "wrong_key"),
         (Delivery, orjson.dumps(delivery_doc(v=2)), b"u1", "unknown_version"),
-        (Delivery, orjson.dumps(delivery_doc(address="a@b.c\r\nBcc: x@y.z", channel="email")), b"u1", "bad_value"),
         (Delivery, orjson.dumps(delivery_doc(content={"body": {"x": 1}})), b"u1", "wrong_type"),
         (Intent, orjson.dumps(intent_doc(category="gossip")), b"u1", "unknown_category"),
         (Intent, orjson.dumps(intent_doc(params={"a": [[[[[[[[1]]]]]]]]})), b"u1", "params_too_deep"),

@@ -7,10 +7,13 @@ real worker process (the protocol simulators behind the real adapters):
   on notify.dlq with its source and reason, and nothing else does;
 * the worker never crashes (no agent restart, no traceback) and the good
   preferences, device updates and events sent in between all reach their
-  records; nothing hostile creates a record;
+  records; nothing hostile creates a record, except a delivery written
+  straight to a lane whose address is not one of its channel: it ends FAILED
+  ``bad_address`` before any call (dead-lettered), never PENDING
+  (tests/security/test_addresses.py);
 * webhook targets in private, link-local and disguised ranges are refused
   before any connection (FAILED ``target_refused``, dead-lettered) even though
-  the simulators' loopback range is allowed;
+  the simulators' receiver on 127.0.0.1 is allowed;
 * no phone number, e-mail address or push token reaches the worker's log (the
   dead-letter lines that quote a hostile value show it masked).
 """
@@ -157,14 +160,15 @@ def bad_entries() -> Bad:
     for lane in ("notify.send.sms.high", "notify.send.email.low", "notify.send.push.normal", "notify.send.webhook.normal"):
         channel = lane.split(".")[2]
         b.common(lane, k, delivery("fz-x", channel=channel, address=""))
+    # an address that is not one of the channel's: FAILED at the send, with a record
     b.add("notify.send.email.low", k, j(delivery("fz-x", "email", "x@example.com\r\nBcc: all@example.com",
-                                                 priority="low")), "bad_value")
+                                                 priority="low")), "bad_address", source="lane")
     b.add("notify.send.sms.high", k, j(delivery("fz-x", content={"body": {"x": 1}})), "wrong_type")
     b.add("notify.send.sms.high", k, j(delivery("fz-x", channel="fax")), "bad_value")
     b.add("notify.send.sms.high", k, j(delivery("fz-x", delivery_id="n_1.sms\r\nX-Evil: 1")), "bad_value")
     b.add("notify.send.push.normal", k, j(delivery("fz-x", "push", "apns:" + TOKEN, priority="urgent")), "bad_value")
     b.add("notify.send.webhook.normal", k, j(delivery("fz-x", "webhook", "gopher://10.0.0.1/x",
-                                                      priority="normal")), "bad_value")
+                                                      priority="normal")), "bad_address", source="lane")
     return b
 
 
@@ -240,6 +244,8 @@ def test_hostile_entries_are_dead_lettered_and_nothing_else_is_lost(pipe, redis_
     expected_rows = {(e["biz_key"], e["recipients"][0], "inbox"): "DELIVERED" for e in good}
     expected_rows[("fz:push:0", DEVICE_USER, "push")] = "ACCEPTED"
     expected_rows.update({("fz:ssrf:0", u, "webhook"): "FAILED" for u in SSRF})
+    bad_address = {("fz:d", "fz-x", "email"), ("fz:d", "fz-x", "webhook")}  # written straight to a lane
+    expected_rows.update({k: "FAILED" for k in bad_address})
     for u in SSRF:
         bad.expected[("lane", "target_refused")] += 1
 
@@ -264,11 +270,15 @@ def test_hostile_entries_are_dead_lettered_and_nothing_else_is_lost(pipe, redis_
     assert all(d["detail"] for d in letters if d["source"] != "lane")
     assert all(len(d["payload"]) <= 65536 for d in letters)
 
-    # the good ones all reached their records; nothing hostile created one
+    # the good ones all reached their records; nothing hostile created one but the
+    # bad addresses written straight to a lane (FAILED bad_address, never PENDING)
     assert set(rows) == set(expected_rows), set(rows) ^ set(expected_rows)
     for key in (k for k in expected_rows if k[0].startswith("fz:ssrf")):
         assert rows[key]["reason"] == "target_refused", rows[key]
-    assert {d["key"] for d in letters if d["source"] == "lane"} == {delivery_id("fz:ssrf:0", u, "webhook") for u in SSRF}
+    for key in bad_address:
+        assert rows[key]["reason"] == "bad_address", rows[key]
+    assert {d["key"] for d in letters if d["source"] == "lane"} == (
+        {delivery_id("fz:ssrf:0", u, "webhook") for u in SSRF} | {delivery_id(*k) for k in bad_address})
 
     # no agent crashed or was restarted
     for marker in ("Crashed", "Restarting dead", "Traceback"):

@@ -1,7 +1,6 @@
 """The transport on a Redis Cluster of three masters on 127.0.0.1.
 
-The cluster is built without redis-cli: slot ranges with CLUSTER ADDSLOTSRANGE on
-each node, CLUSTER MEET between them, then wait for ``cluster_state:ok``.  The
+The cluster (tests/transport/cluster.py) is built without redis-cli.  The
 worker's own test data ("seen", dumps) goes to the plain session server
 (``DATA_URL``), the broker is the cluster.
 """
@@ -12,88 +11,18 @@ import time
 import faust
 import orjson
 import pytest
-import redis
 from faust.types import TP
 from redis.cluster import RedisCluster
 
-from pipeline.embedded import EmbeddedRedis, free_port
 from pipeline.transport.keys import Keys
 
+from .cluster import Cluster
 from .helpers import Worker, numbers, produce, produce_async, seen, wait_until
 
 pytestmark = pytest.mark.cluster
 
 K = Keys()
 P = 6
-RANGES = [(0, 5460), (5461, 10922), (10923, 16383)]
-
-
-def _free_ports(n: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < n:
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
-    return ports
-
-
-class Cluster:
-    def __init__(self, base) -> None:
-        self.base = base
-        self.nodes: list[EmbeddedRedis] = []
-
-    @property
-    def url(self) -> str:
-        return self.nodes[0].url
-
-    def start(self, timeout: float = 20.0) -> "Cluster":
-        ports = _free_ports(6)
-        for port, bus in zip(ports[:3], ports[3:]):
-            node = EmbeddedRedis(
-                self.base / f"n{port}",
-                port,
-                extra=(
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", f"nodes-{port}.conf",
-                    "--cluster-port", str(bus),
-                    "--cluster-node-timeout", "5000",
-                ),
-            )
-            self.nodes.append(node)
-            try:
-                node.start()
-            except RuntimeError as exc:
-                pytest.skip(f"valkey-server refuses cluster mode: {exc}")
-        clients = [redis.Redis(port=n.port) for n in self.nodes]
-        try:
-            for r, (lo, hi) in zip(clients, RANGES):
-                r.execute_command("CLUSTER ADDSLOTSRANGE", lo, hi)
-            for r in clients[1:]:
-                r.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port, ports[3])
-        except redis.ResponseError as exc:
-            pytest.skip(f"valkey-server refuses cluster mode: {exc}")
-
-        def ready() -> bool:
-            for r in clients:
-                if r.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
-                    return False
-                if len(r.execute_command("CLUSTER SLOTS")) != 3:
-                    return False
-            return True
-
-        wait_until(ready, timeout, 0.05, "cluster_state:ok on all three nodes")
-        for r in clients:
-            r.close()
-        return self
-
-    def flush(self) -> None:
-        for n in self.nodes:
-            with redis.Redis(port=n.port) as r:
-                r.flushall()
-
-    def stop(self) -> None:
-        for n in self.nodes:
-            n.stop()
 
 
 @pytest.fixture(scope="module")

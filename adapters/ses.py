@@ -1,0 +1,204 @@
+"""E-mail through Amazon SES: the SES v2 ``SendEmail`` API.
+
+Wire protocol: ``POST https://email.<region>.amazonaws.com/v2/email/outbound-emails``,
+JSON, signed with AWS Signature Version 4 (service ``ses``) by botocore's
+``SigV4Auth`` (:mod:`adapters.aws_sigv4`). The body: ``FromEmailAddress``,
+``Destination.ToAddresses`` (the delivery's address), ``Content.Simple``
+(``Subject``, ``Body.Text`` / ``Body.Html``, ``Headers``: ``X-Notify-Id`` and
+``Auto-Submitted: auto-generated`` on transactional mail), ``EmailTags``
+(``notify_id`` = our delivery id, ``category``) and ``ConfigurationSetName``
+when configured (the configuration set whose event destination is the SNS
+topic of the bounce / complaint / delivery notifications).
+
+Answers:
+
+* 200 ``{"MessageId": "…"}``: ACCEPTED, ``provider_msg_id`` = the MessageId
+  (the ``mail.messageId`` of SES's notifications);
+* 429 ``TooManyRequestsException`` (or any throttling code),
+  ``LimitExceededException`` (the daily quota): RATE_LIMITED (``Retry-After``
+  when sent);
+* 400 ``MessageRejected`` (the message contains a virus, the recipient is on
+  the account's suppression list, …): PERMANENT_ERROR ``rejected``, except
+  "Email address is not verified" (an identity of the account's setup, or the
+  SES sandbox): a configuration fault as below;
+  ``BadRequestException``: ``invalid_request``;
+* ``MailFromDomainNotVerifiedException``, ``AccountSuspendedException``,
+  ``SendingPausedException``, ``NotFoundException`` (no such configuration set)
+  and 401/403 (credentials, signature, IAM rights): TRANSIENT_ERROR with
+  ``fault="config"``: ours to fix, another e-mail provider may take the message;
+* 5xx: TRANSIENT_ERROR; transport errors as every HTTP adapter.
+
+SES has no idempotency key and no message status query: :meth:`query` answers
+``supported=False``. Receipts: SES publishes Bounce / Complaint / Delivery to an
+SNS topic whose HTTPS subscription is our ``POST /v1/receipts/<name>``
+(:meth:`adapters.receipts.ReceiptVerifier.sns`).
+"""
+
+from __future__ import annotations
+
+import email.utils
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import httpx
+import orjson
+
+from pipeline.models import AttemptResult, Delivery
+
+from ._http import exception_result, make_client
+from .aws_sigv4 import AUTH_CODES, THROTTLE_CODES, AwsSigner, aws_error
+from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+
+__all__ = ["SesConfig", "SesProvider"]
+
+#: ours to fix (the account, the domain, the configuration set)
+CONFIG_CODES = frozenset({"MailFromDomainNotVerifiedException", "AccountSuspendedException",
+                          "SendingPausedException", "NotFoundException", "ConfigurationSetDoesNotExistException",
+                          "AccountSendingPausedException", "ConfigurationSetSendingPausedException"})
+_TAG_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.@")
+
+
+@dataclass
+class SesConfig:
+    region: str
+    access_key_id: str
+    secret_access_key: str
+    from_addr: str
+    session_token: Optional[str] = None
+    from_name: Optional[str] = None
+    reply_to: Optional[str] = None
+    configuration_set: Optional[str] = None
+    base_url: Optional[str] = None  #: default ``https://email.<region>.amazonaws.com``
+    bulk_categories: tuple[str, ...] = ("marketing",)
+    #: read by the receipts endpoint (SNS notifications), not by the adapter: the
+    #: topics whose notifications are taken, and extra certificate URL prefixes
+    #: allowed besides ``https://sns.<region>.amazonaws.com/`` (a simulator)
+    sns_topic_arns: tuple[str, ...] = ()
+    sns_cert_urls: tuple[str, ...] = ()
+    timeout: float = 10.0
+    connect_timeout: float = 5.0
+    verify: Any = True
+    max_connections: int = 50
+    name: str = "ses"
+
+    @property
+    def endpoint(self) -> str:
+        return (self.base_url or f"https://email.{self.region}.amazonaws.com").rstrip("/")
+
+
+def _tag(value: str) -> str:
+    """An SES tag value: ASCII letters, digits, ``_ - . @``, at most 256."""
+    return "".join(ch if ch in _TAG_OK else "_" for ch in value)[:256] or "_"
+
+
+class SesProvider(Provider):
+    channel = "email"
+
+    def __init__(self, config: SesConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
+        self.config = config
+        self.name = config.name
+        self._client = client or make_client(
+            config.endpoint,
+            timeout=config.timeout,
+            connect_timeout=config.connect_timeout,
+            verify=config.verify,
+            max_connections=config.max_connections,
+        )
+        self.signer = AwsSigner(config.access_key_id, config.secret_access_key, config.region, "ses",
+                                config.session_token)
+        self._from = (email.utils.formataddr((config.from_name, config.from_addr)) if config.from_name
+                      else config.from_addr)
+
+    def build_body(self, delivery: Delivery) -> dict[str, Any]:
+        c = delivery.content or {}
+        text = c.get("text")
+        html = c.get("html")
+        if text is None and html is None:
+            text = c.get("body") or ""
+        body: dict[str, Any] = {}
+        if text is not None:
+            body["Text"] = {"Data": str(text), "Charset": "UTF-8"}
+        if html:
+            body["Html"] = {"Data": str(html), "Charset": "UTF-8"}
+        headers = [{"Name": "X-Notify-Id", "Value": delivery.delivery_id}]
+        if delivery.category not in self.config.bulk_categories:
+            headers.append({"Name": "Auto-Submitted", "Value": "auto-generated"})
+        out: dict[str, Any] = {
+            "FromEmailAddress": self._from,
+            "Destination": {"ToAddresses": [delivery.address]},
+            "Content": {"Simple": {"Subject": {"Data": str(c.get("subject") or ""), "Charset": "UTF-8"},
+                                   "Body": body, "Headers": headers}},
+            "EmailTags": [{"Name": "notify_id", "Value": _tag(delivery.delivery_id)}],
+        }
+        if delivery.category:
+            out["EmailTags"].append({"Name": "category", "Value": _tag(str(delivery.category))})
+        if self.config.reply_to:
+            out["ReplyToAddresses"] = [self.config.reply_to]
+        if self.config.configuration_set:
+            out["ConfigurationSetName"] = self.config.configuration_set
+        return out
+
+    def _request(self, method: str, path: str, body: bytes = b"") -> httpx.Request:
+        headers = {"content-type": "application/json"} if body else {}
+        return self.signer.request(self._client, method, path, body=body, headers=headers)
+
+    async def send(self, delivery: Delivery) -> SendResult:
+        sw = Stopwatch()
+        if "@" not in (delivery.address or ""):
+            return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error="no e-mail address",
+                              permanent_kind=PermanentKind.INVALID_ADDRESS)
+        try:
+            req = self._request("POST", "/v2/email/outbound-emails", orjson.dumps(self.build_body(delivery)))
+            resp = await self._client.send(req)
+        except Exception as exc:  # noqa: BLE001
+            return exception_result(self.name, exc, sw.ms)
+        return self._map(resp, sw.ms)
+
+    def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
+        status = resp.status_code
+        name = self.name
+        if status == 200:
+            try:
+                doc = resp.json()
+            except ValueError:
+                doc = None
+            msg_id = doc.get("MessageId") if isinstance(doc, dict) else None
+            if isinstance(msg_id, str) and msg_id:
+                return SendResult(AttemptResult.ACCEPTED, name, provider_msg_id=msg_id, latency_ms=latency_ms)
+            return SendResult(AttemptResult.TIMEOUT_UNKNOWN, name, error=f"{status} without a MessageId",
+                              latency_ms=latency_ms)
+        code, message = aws_error(resp)
+        error = f"{status} {code or ''} {message or resp.reason_phrase}".strip()[:300]
+        retry_after = parse_retry_after(resp.headers.get("retry-after"))
+        if status == 429 or code in THROTTLE_CODES or code == "LimitExceededException":
+            return SendResult(AttemptResult.RATE_LIMITED, name, error=error, retry_after=retry_after,
+                              latency_ms=latency_ms)
+        if status in (401, 403) or code in AUTH_CODES:
+            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"auth: {error}"[:300], fault=Fault.CONFIG,
+                              latency_ms=latency_ms)
+        if code in CONFIG_CODES or (code == "MessageRejected" and "not verified" in message):
+            # "Email address is not verified": the sender identity (or, in the SES sandbox,
+            # the recipient) is not verified in this region: the account's setup, not the mail
+            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"config: {error}"[:300],
+                              fault=Fault.CONFIG, latency_ms=latency_ms)
+        if status >= 500 or status == 408:
+            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=error, retry_after=retry_after,
+                              latency_ms=latency_ms)
+        kind = PermanentKind.REJECTED if code == "MessageRejected" else PermanentKind.INVALID_REQUEST
+        return SendResult(AttemptResult.PERMANENT_ERROR, name, error=error, permanent_kind=kind, latency_ms=latency_ms)
+
+    async def account(self) -> tuple[int, dict[str, Any], Optional[str], str]:
+        """``GetAccount`` (``GET /v2/email/account``): ``(status, body, error code, message)``;
+        the credentials check of ``notify providers check``."""
+        resp = await self._client.send(self._request("GET", "/v2/email/account"))
+        if resp.status_code == 200:
+            try:
+                doc = resp.json()
+            except ValueError:
+                doc = {}
+            return 200, doc if isinstance(doc, dict) else {}, None, ""
+        code, message = aws_error(resp)
+        return resp.status_code, {}, code, message
+
+    async def close(self) -> None:
+        await self._client.aclose()
