@@ -1,18 +1,20 @@
-"""Shared httpx plumbing for the HTTP adapters: client construction and the
-mapping of transport exceptions to attempt results (see :mod:`adapters.base`)."""
+"""Shared httpx plumbing for the HTTP adapters: client construction (from a
+provider config: :func:`client_for`), one timed call mapped to a SendResult
+(:func:`timed_send`) and the mapping of transport exceptions to attempt results
+(see :mod:`adapters.base`)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import httpx
 
 from pipeline.models import AttemptResult
 
 from ._aiohttp import AiohttpTransport
-from .base import QueryResult, QueryStatus, SendResult
+from .base import QueryResult, QueryStatus, SendResult, Stopwatch
 
-__all__ = ["make_client", "exception_result", "query_error", "response_json"]
+__all__ = ["make_client", "client_for", "timed_send", "exception_result", "query_error", "response_json"]
 
 
 def make_client(
@@ -42,6 +44,35 @@ def make_client(
         headers=headers,
         **kwargs,
     )
+
+
+def client_for(config: Any, base_url: Optional[str] = None, **kw: Any) -> httpx.AsyncClient:
+    """:func:`make_client` from a provider config's ``timeout``, ``connect_timeout``,
+    ``verify`` and ``max_connections``, to ``base_url`` (default: the config's
+    ``base_url``); ``kw``: ``http2``, ``headers``."""
+    return make_client(
+        config.base_url if base_url is None else base_url,
+        timeout=config.timeout,
+        connect_timeout=config.connect_timeout,
+        verify=config.verify,
+        max_connections=config.max_connections,
+        **kw,
+    )
+
+
+async def timed_send(
+    provider: str,
+    call: Callable[[], Awaitable[httpx.Response]],
+    to_result: Callable[[httpx.Response, float], SendResult],
+) -> SendResult:
+    """Make one provider call and map it: ``to_result(response, latency_ms)``, or
+    :func:`exception_result` when the call raised (building the request included)."""
+    sw = Stopwatch()
+    try:
+        resp = await call()
+    except Exception as exc:  # noqa: BLE001 - mapped, never raised
+        return exception_result(provider, exc, sw.ms)
+    return to_result(resp, sw.ms)
 
 
 def exception_result(provider: str, exc: BaseException, latency_ms: float) -> SendResult:

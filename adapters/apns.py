@@ -50,10 +50,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import httpx
 import jwt
@@ -62,8 +61,9 @@ import orjson
 from pipeline.models import AttemptResult, Delivery, Priority
 from pipeline.rules.validate import PUSH_PLATFORMS
 
-from ._http import exception_result, make_client, response_json
-from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from ._http import exception_result, response_json
+from ._token import TokenProvider
+from .base import Fault, PermanentKind, SendResult, Stopwatch, parse_retry_after
 
 __all__ = ["ApnsConfig", "ApnsProvider", "apns_id_for", "apns_outcome", "collapse_id_for", "split_push_address", "unregistered_at",
            "wrong_platform"]
@@ -166,45 +166,26 @@ def wrong_platform(provider: str, ours: str, platform: Optional[str], latency_ms
                             f"on the push route", latency_ms=latency_ms)
 
 
-class ApnsProvider(Provider):
+class ApnsProvider(TokenProvider):
     channel = "push"
-
-    def __init__(
-        self,
-        config: ApnsConfig,
-        *,
-        clock: Callable[[], float] = time.time,
-        client: Optional[httpx.AsyncClient] = None,
-    ) -> None:
-        self.config = config
-        self.name = config.name
-        self._clock = clock
-        self._client = client or make_client(
-            config.base_url,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            http2=True,
-            verify=config.verify,
-            max_connections=config.max_connections,
-        )
-        self._token: Optional[str] = None
-        self._token_iat: float = 0.0
+    config: ApnsConfig
+    http2 = True  #: APNs speaks HTTP/2 only
 
     # ------------------------------------------------------------ auth token
 
     def bearer_token(self, force: bool = False) -> str:
         """The provider JWT, cached and renewed after ``token_ttl``."""
-        now = self._clock()
-        if force or self._token is None or now - self._token_iat >= self.config.token_ttl:
-            iat = int(now)
-            self._token = jwt.encode(
+        token = None if force else self._token.current()
+        if token is None:
+            iat = int(self._clock())
+            token = jwt.encode(
                 {"iss": self.config.team_id, "iat": iat},
                 self.config.private_key,
                 algorithm="ES256",
                 headers={"kid": self.config.key_id},
             )
-            self._token_iat = float(iat)
-        return self._token
+            self._token.put(token, self.config.token_ttl, issued_at=float(iat))
+        return token
 
     def renew_token(self, refused: str) -> Optional[str]:
         """The token to retry with after Apple refused ``refused``, or None when
@@ -213,15 +194,16 @@ class ApnsProvider(Provider):
         Single flight: minting is synchronous, so of the requests refused with
         the same token the first renews and the others find a token other than
         the one refused and take it, without an await in between."""
-        if self._token is not None and self._token != refused:
-            return self._token
-        if self._token is not None and self._clock() - self._token_iat < self.config.token_min_renewal:
+        last = self._token.value
+        if last is not None and last != refused:
+            return last
+        if last is not None and self._clock() - self._token.issued_at < self.config.token_min_renewal:
             return None
         return self.bearer_token(force=True)
 
     def renewal_in(self) -> float:
         """Seconds until a new token may be minted."""
-        return max(0.0, self._token_iat + self.config.token_min_renewal - self._clock())
+        return max(0.0, self._token.issued_at + self.config.token_min_renewal - self._clock())
 
     # ------------------------------------------------------------ send
 
@@ -319,6 +301,3 @@ class ApnsProvider(Provider):
             unregistered_at=unregistered_at(answer) if status == 410 else None,
             latency_ms=latency_ms,
         )
-
-    async def close(self) -> None:
-        await self._client.aclose()

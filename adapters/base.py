@@ -52,6 +52,7 @@ __all__ = [
     "parse_retry_after",
     "classify_http_status",
     "Stopwatch",
+    "email_bodies",
 ]
 
 
@@ -244,6 +245,16 @@ class Stopwatch:
     @property
     def ms(self) -> float:
         return round((time.perf_counter() - self._t0) * 1000.0, 3)
+
+
+def email_bodies(content: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``(text, html)`` of an e-mail's content: its ``text`` and ``html``, or, when it
+    has neither, its ``body`` as the text (the e-mail adapters: SMTP, SendGrid, SES)."""
+    text = content.get("text")
+    html = content.get("html")
+    if text is None and html is None:
+        text = content.get("body") or ""
+    return text, html
 
 
 def header(headers: Mapping[str, str], name: str) -> Optional[str]:

@@ -44,7 +44,7 @@ import aiosmtplib
 
 from pipeline.models import AttemptResult, Delivery
 
-from .base import PermanentKind, Provider, SendResult, Stopwatch
+from .base import PermanentKind, Provider, SendResult, Stopwatch, email_bodies
 
 __all__ = ["SmtpConfig", "SmtpProvider", "message_id_for"]
 
@@ -101,10 +101,7 @@ class SmtpProvider(Provider):
             msg["X-Notify-Category"] = delivery.category
         if delivery.category not in cfg.bulk_categories:
             msg["Auto-Submitted"] = "auto-generated"
-        text = c.get("text")
-        html = c.get("html")
-        if text is None and html is None:
-            text = str(c.get("body") or "")
+        text, html = email_bodies(c)
         msg.set_content(str(text or ""))
         if html:
             msg.add_alternative(str(html), subtype="html")

@@ -34,10 +34,8 @@ our delivery_id for the app to drop duplicates, and :meth:`query` answers
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import httpx
 import jwt
@@ -45,9 +43,10 @@ import orjson
 
 from pipeline.models import AttemptResult, Delivery, Priority
 
-from ._http import exception_result, make_client, response_json
+from ._http import response_json
+from ._token import OAuthProvider
 from .apns import split_push_address, wrong_platform
-from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from .base import Fault, PermanentKind, SendResult, Stopwatch, parse_retry_after
 
 __all__ = ["FcmConfig", "FcmProvider", "FCM_SCOPE", "JWT_BEARER_GRANT", "data_value", "fcm_error"]
 
@@ -109,31 +108,9 @@ class FcmConfig:
         )
 
 
-class FcmProvider(Provider):
+class FcmProvider(OAuthProvider):
     channel = "push"
-
-    def __init__(
-        self,
-        config: FcmConfig,
-        *,
-        clock: Callable[[], float] = time.time,
-        client: Optional[httpx.AsyncClient] = None,
-    ) -> None:
-        self.config = config
-        self.name = config.name
-        self._clock = clock
-        self._client = client or make_client(
-            config.base_url,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            http2=config.http2,
-            verify=config.verify,
-            max_connections=config.max_connections,
-        )
-        self._access_token: Optional[str] = None
-        self._expires_at: float = 0.0
-        self._lock = asyncio.Lock()
-        self.token_fetches = 0
+    config: FcmConfig
 
     # ------------------------------------------------------------ OAuth
 
@@ -150,32 +127,16 @@ class FcmProvider(Provider):
         headers = {"kid": self.config.private_key_id} if self.config.private_key_id else None
         return jwt.encode(claims, self.config.private_key, algorithm="RS256", headers=headers)
 
-    def invalidate_token(self, token: Optional[str] = None) -> None:
-        """Drop the cached token (only if it is still ``token``, when given)."""
-        if token is None or token == self._access_token:
-            self._access_token = None
-
-    async def access_token(self) -> str:
-        """A cached OAuth access token; raises ``httpx.HTTPError`` / ``RuntimeError``.
-        One fetch at a time: concurrent senders wait for it instead of stampeding."""
-        if self._access_token and self._clock() < self._expires_at:
-            return self._access_token
-        async with self._lock:
-            if self._access_token and self._clock() < self._expires_at:
-                return self._access_token
-            resp = await self._client.post(
-                self.config.token_uri,
-                data={"grant_type": JWT_BEARER_GRANT, "assertion": self.assertion()},
-                headers={"accept": "application/json"},
-            )
-            self.token_fetches += 1
-            body = response_json(resp)
-            if resp.status_code != 200 or "access_token" not in body:
-                raise RuntimeError(f"oauth token: {resp.status_code} {body.get('error') or resp.text[:100]}")
-            self._access_token = str(body["access_token"])
-            lifetime = float(body.get("expires_in", 3600))
-            self._expires_at = self._clock() + max(0.0, lifetime - self.config.token_refresh_margin)
-            return self._access_token
+    async def _fetch_token(self) -> tuple[str, float]:
+        resp = await self._client.post(
+            self.config.token_uri,
+            data={"grant_type": JWT_BEARER_GRANT, "assertion": self.assertion()},
+            headers={"accept": "application/json"},
+        )
+        body = response_json(resp)
+        if resp.status_code != 200 or "access_token" not in body:
+            raise RuntimeError(f"oauth token: {resp.status_code} {body.get('error') or resp.text[:100]}")
+        return str(body["access_token"]), float(body.get("expires_in", 3600))
 
     # ------------------------------------------------------------ send
 
@@ -215,21 +176,15 @@ class FcmProvider(Provider):
             )
         body = self.build_message(delivery)
         path = f"/v1/projects/{self.config.project_id}/messages:send"
-        renewed = False
-        while True:
-            try:
-                bearer = await self.access_token()
-            except Exception as exc:  # noqa: BLE001 - the message never left
-                return SendResult(AttemptResult.TRANSIENT_ERROR, self.name, error=f"auth: {exc}"[:300], latency_ms=sw.ms)
-            try:
-                resp = await self._client.post(path, json=body, headers={"authorization": f"Bearer {bearer}"})
-            except Exception as exc:  # noqa: BLE001
-                return exception_result(self.name, exc, sw.ms)
-            if resp.status_code == 401 and not renewed and fcm_error(response_json(resp))[0] not in THIRD_PARTY_AUTH_CODES:
-                renewed = True
-                self.invalidate_token(bearer)
-                continue
-            return self._map(resp, sw.ms)
+        answer = await self.post_with_token(
+            sw,
+            lambda bearer: self._client.post(path, json=body, headers={"authorization": f"Bearer {bearer}"}),
+            # a 401 about our token, not the project's third-party credentials
+            lambda resp: resp.status_code == 401 and fcm_error(response_json(resp))[0] not in THIRD_PARTY_AUTH_CODES,
+        )
+        if isinstance(answer, SendResult):
+            return answer
+        return self._map(answer, sw.ms)
 
     def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
         status = resp.status_code
@@ -260,6 +215,3 @@ class FcmProvider(Provider):
             permanent_kind=PermanentKind.INVALID_REQUEST,
             latency_ms=latency_ms,
         )
-
-    async def close(self) -> None:
-        await self._client.aclose()

@@ -63,19 +63,18 @@ URL configured in AppGallery Connect as ``{"statuses": [{"biTag", "appid", "toke
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import httpx
 import orjson
 
 from pipeline.models import AttemptResult, Delivery, Priority
 
-from ._http import exception_result, make_client, response_json
+from ._http import response_json
+from ._token import OAuthProvider
 from .apns import split_push_address, wrong_platform
-from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from .base import Fault, PermanentKind, SendResult, Stopwatch, parse_retry_after
 
 __all__ = ["HmsConfig", "HmsProvider", "hms_outcome", "illegal_tokens", "SUCCESS", "TOKEN_URL", "PUSH_URL"]
 
@@ -163,67 +162,36 @@ def hms_outcome(status: int, body: Mapping[str, Any], token: str) -> tuple[str, 
     return AttemptResult.PERMANENT_ERROR, PermanentKind.INVALID_REQUEST, None, ""
 
 
-class HmsProvider(Provider):
+def _token_refused(resp: httpx.Response) -> bool:
+    """An answer about our access token (80200003 expired, 80200001 refused, a 401 without a code)."""
+    code = str(response_json(resp).get("code") or "")
+    return code in AUTH_CODES or (resp.status_code == 401 and not code)
+
+
+class HmsProvider(OAuthProvider):
     channel = "push"
+    config: HmsConfig
     #: the device platform whose tokens this provider takes ("hms:<token>"), whatever its name
     platform = "hms"
 
-    def __init__(
-        self,
-        config: HmsConfig,
-        *,
-        clock: Callable[[], float] = time.time,
-        client: Optional[httpx.AsyncClient] = None,
-    ) -> None:
-        self.config = config
-        self.name = config.name
-        self._clock = clock
-        self._client = client or make_client(
-            config.base_url,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            verify=config.verify,
-            max_connections=config.max_connections,
-        )
-        self._access_token: Optional[str] = None
-        self._expires_at: float = 0.0
-        self._lock = asyncio.Lock()
-        self.token_fetches = 0
-
     # ------------------------------------------------------------ OAuth
 
-    def invalidate_token(self, token: Optional[str] = None) -> None:
-        """Drop the cached token (only if it is still ``token``, when given: a sender
-        refused with a token another sender already renewed takes the new one)."""
-        if token is None or token == self._access_token:
-            self._access_token = None
-
-    async def access_token(self) -> str:
-        """A cached OAuth access token; raises ``httpx.HTTPError`` / ``RuntimeError``.
-        One fetch at a time: concurrent senders wait for it instead of stampeding."""
-        if self._access_token and self._clock() < self._expires_at:
-            return self._access_token
-        async with self._lock:
-            if self._access_token and self._clock() < self._expires_at:
-                return self._access_token
-            resp = await self._client.post(
-                self.config.token_url,
-                data={"grant_type": "client_credentials", "client_id": self.config.client_id,
-                      "client_secret": self.config.client_secret},
-                headers={"accept": "application/json"},
-            )
-            self.token_fetches += 1
-            body = response_json(resp)
-            if resp.status_code != 200 or not body.get("access_token"):
-                why = body.get("error_description") or body.get("error") or resp.text[:100]
-                raise RuntimeError(f"oauth token: {resp.status_code} {why}")
-            self._access_token = str(body["access_token"])
-            try:
-                lifetime = float(body.get("expires_in", 3600))
-            except (TypeError, ValueError):
-                lifetime = 3600.0
-            self._expires_at = self._clock() + max(0.0, lifetime - self.config.token_refresh_margin)
-            return self._access_token
+    async def _fetch_token(self) -> tuple[str, float]:
+        resp = await self._client.post(
+            self.config.token_url,
+            data={"grant_type": "client_credentials", "client_id": self.config.client_id,
+                  "client_secret": self.config.client_secret},
+            headers={"accept": "application/json"},
+        )
+        body = response_json(resp)
+        if resp.status_code != 200 or not body.get("access_token"):
+            why = body.get("error_description") or body.get("error") or resp.text[:100]
+            raise RuntimeError(f"oauth token: {resp.status_code} {why}")
+        try:
+            lifetime = float(body.get("expires_in", 3600))
+        except (TypeError, ValueError):
+            lifetime = 3600.0
+        return str(body["access_token"]), lifetime
 
     # ------------------------------------------------------------ send
 
@@ -266,26 +234,15 @@ class HmsProvider(Provider):
         once and the request made again."""
         sw = sw or Stopwatch()
         content = orjson.dumps(body)
-        renewed = False
-        while True:
-            try:
-                bearer = await self.access_token()
-            except Exception as exc:  # noqa: BLE001 - the message never left
-                return SendResult(AttemptResult.TRANSIENT_ERROR, self.name, error=f"auth: {exc}"[:300],
-                                  latency_ms=sw.ms)
-            try:
-                resp = await self._client.post(
-                    self.config.send_path, content=content,
-                    headers={"authorization": f"Bearer {bearer}", "content-type": "application/json; charset=UTF-8"})
-            except Exception as exc:  # noqa: BLE001 - mapped, never raised
-                return exception_result(self.name, exc, sw.ms)
-            answer = response_json(resp)
-            code = str(answer.get("code") or "")
-            if not renewed and (code in AUTH_CODES or (resp.status_code == 401 and not code)):
-                renewed = True
-                self.invalidate_token(bearer)
-                continue
-            return self._map(resp, answer, token, sw.ms)
+        answer = await self.post_with_token(
+            sw,
+            lambda bearer: self._client.post(self.config.send_path, content=content, headers={
+                "authorization": f"Bearer {bearer}", "content-type": "application/json; charset=UTF-8"}),
+            _token_refused,
+        )
+        if isinstance(answer, SendResult):
+            return answer
+        return self._map(answer, response_json(answer), token, sw.ms)
 
     def _map(self, resp: httpx.Response, body: dict[str, Any], token: str, latency_ms: float) -> SendResult:
         status = resp.status_code
@@ -301,6 +258,3 @@ class HmsProvider(Provider):
         if result == AttemptResult.PERMANENT_ERROR:
             return SendResult(result, self.name, error=error, permanent_kind=kind, latency_ms=latency_ms)
         return SendResult(result, self.name, error=error, retry_after=retry_after, fault=fault, latency_ms=latency_ms)
-
-    async def close(self) -> None:
-        await self._client.aclose()

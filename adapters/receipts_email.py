@@ -41,11 +41,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import math
 import re
 import time
 from collections import OrderedDict
-from datetime import datetime
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Union
 from urllib.parse import urlsplit
 
@@ -60,6 +58,8 @@ from pipeline.models import Receipt
 from pipeline.rules.validate import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
 from pipeline.rules.validate import id_problem
 
+from .receipts import ReceiptRejected, _iso_time, _unix_time
+
 __all__ = [
     "SENDGRID_SIGNATURE_HEADER", "SENDGRID_TIMESTAMP_HEADER", "load_sendgrid_key", "verify_sendgrid_signature",
     "parse_sendgrid_events", "sns_string_to_sign", "sns_url_allowed", "SnsCertCache", "verify_sns_signature",
@@ -73,8 +73,6 @@ MAX_ERROR = 200
 
 
 def _rejected(reason: str, detail: str = "", field: Optional[str] = None) -> Exception:
-    from .receipts import ReceiptRejected
-
     return ReceiptRejected(reason, detail, field=field)
 
 
@@ -122,16 +120,6 @@ _SG_FINAL = {"delivered": "DELIVERED", "open": "DELIVERED", "click": "DELIVERED"
              "bounce": "UNDELIVERED", "dropped": "UNDELIVERED", "blocked": "UNDELIVERED"}
 
 
-def _unix(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        t = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return t if math.isfinite(t) and t >= 0 else None
-
-
 def _msg_id(value: Any, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _rejected("malformed", f"{field}: missing or not a string", field=field)
@@ -176,7 +164,7 @@ def parse_sendgrid_events(body: Union[bytes, str, list], provider: str = "sendgr
             continue
         sg_id = _msg_id(ev.get("sg_message_id"), f"[{i}].sg_message_id")
         msg_id = sg_id.split(".", 1)[0]
-        at = _at(_unix(ev.get("timestamp")), ref, max_age, max_ahead, f"[{i}].timestamp")
+        at = _at(_unix_time(ev.get("timestamp")), ref, max_age, max_ahead, f"[{i}].timestamp")
         error = None
         if final == "UNDELIVERED":
             reason = ev.get("reason") or ev.get("response") or ""
@@ -318,15 +306,6 @@ async def verify_sns_signature(msg: Mapping[str, Any], certs: SnsCertCache,
         raise _rejected("bad_signature", "SNS signature mismatch") from None
 
 
-def _iso(value: Any) -> Optional[float]:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 _SES_FINAL = {"Delivery": "DELIVERED", "Complaint": "DELIVERED", "Open": "DELIVERED", "Click": "DELIVERED",
               "Bounce": "UNDELIVERED", "Reject": "UNDELIVERED", "RenderingFailure": "UNDELIVERED"}
 _SES_DETAIL = {"Delivery": "delivery", "Complaint": "complaint", "Open": "open", "Click": "click",
@@ -357,7 +336,7 @@ def parse_ses_event(message: Union[str, bytes, Mapping[str, Any]], provider: str
     detail = message.get(_SES_DETAIL[kind])
     detail = detail if isinstance(detail, Mapping) else {}
     ref = time.time() if now is None else now
-    t = _iso(detail.get("timestamp")) or _iso(mail.get("timestamp"))
+    t = _iso_time(detail.get("timestamp")) or _iso_time(mail.get("timestamp"))
     at = _at(t, ref, max_age, max_ahead, "Message.timestamp")
     error = None
     if kind == "Bounce":

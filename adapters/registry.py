@@ -460,14 +460,14 @@ async def _probe_hms(p: Any, spec: ProviderConfig) -> str:
     from .hms import INVALID_TOKENS, SUCCESS
 
     try:
-        await p.access_token()
+        bearer = await p.access_token()
     except Exception as exc:  # noqa: BLE001
         raise ProbeFailed(f"oauth token from {p.config.token_url}: {exc}"[:300]) from None
     # validate_only: Push Kit checks the request (our right to send for the app) and
     # delivers nothing; a made-up push token is refused as such (80300007)
     body = {"validate_only": True, "message": {"token": ["notify-auth-probe"], "data": '{"probe":"1"}'}}
     resp = await p._client.post(p.config.send_path, json=body,
-                                headers={"authorization": f"Bearer {p._access_token}"})
+                                headers={"authorization": f"Bearer {bearer}"})
     answer = response_json(resp)
     code = str(answer.get("code") or "")
     app = p.config.app_id or p.config.client_id

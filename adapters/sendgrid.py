@@ -45,8 +45,8 @@ import orjson
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import exception_result, make_client, response_json
-from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from ._http import client_for, response_json, timed_send
+from .base import Fault, PermanentKind, Provider, SendResult, email_bodies, parse_retry_after
 
 __all__ = ["SendGridConfig", "SendGridProvider", "sendgrid_errors"]
 
@@ -97,13 +97,7 @@ class SendGridProvider(Provider):
     def __init__(self, config: SendGridConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client or make_client(
-            config.base_url,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            verify=config.verify,
-            max_connections=config.max_connections,
-        )
+        self._client = client or client_for(config)
         self._headers = {"authorization": f"Bearer {config.api_key}", "content-type": "application/json",
                          "accept": "application/json"}
         sender: dict[str, str] = {"email": config.from_addr}
@@ -113,10 +107,7 @@ class SendGridProvider(Provider):
 
     def build_body(self, delivery: Delivery) -> dict[str, Any]:
         c = delivery.content or {}
-        text = c.get("text")
-        html = c.get("html")
-        if text is None and html is None:
-            text = c.get("body") or ""
+        text, html = email_bodies(c)
         content = []
         if text is not None and str(text) != "":
             content.append({"type": "text/plain", "value": str(text)})
@@ -142,16 +133,11 @@ class SendGridProvider(Provider):
         return body
 
     async def send(self, delivery: Delivery) -> SendResult:
-        sw = Stopwatch()
         if "@" not in (delivery.address or ""):
             return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error="no e-mail address",
                               permanent_kind=PermanentKind.INVALID_ADDRESS)
-        try:
-            resp = await self._client.post("/v3/mail/send", content=orjson.dumps(self.build_body(delivery)),
-                                           headers=self._headers)
-        except Exception as exc:  # noqa: BLE001
-            return exception_result(self.name, exc, sw.ms)
-        return self._map(resp, sw.ms)
+        return await timed_send(self.name, lambda: self._client.post(
+            "/v3/mail/send", content=orjson.dumps(self.build_body(delivery)), headers=self._headers), self._map)
 
     def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
         status = resp.status_code

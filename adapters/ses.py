@@ -45,9 +45,9 @@ import orjson
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import exception_result, make_client
-from .aws_sigv4 import AUTH_CODES, THROTTLE_CODES, AwsSigner, aws_error
-from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from ._http import client_for, timed_send
+from .aws_sigv4 import THROTTLE_CODES, AwsSigner, aws_error, aws_result
+from .base import PermanentKind, Provider, SendResult, email_bodies
 
 __all__ = ["SesConfig", "SesProvider"]
 
@@ -55,6 +55,8 @@ __all__ = ["SesConfig", "SesProvider"]
 CONFIG_CODES = frozenset({"MailFromDomainNotVerifiedException", "AccountSuspendedException",
                           "SendingPausedException", "NotFoundException", "ConfigurationSetDoesNotExistException",
                           "AccountSendingPausedException", "ConfigurationSetSendingPausedException"})
+#: slow down: the account's rate, or its daily quota (LimitExceededException)
+RATE_CODES = THROTTLE_CODES | {"LimitExceededException"}
 _TAG_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.@")
 
 
@@ -91,30 +93,39 @@ def _tag(value: str) -> str:
     return "".join(ch if ch in _TAG_OK else "_" for ch in value)[:256] or "_"
 
 
+def _message_id(resp: httpx.Response) -> Optional[str]:
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    msg_id = doc.get("MessageId") if isinstance(doc, dict) else None
+    return msg_id if isinstance(msg_id, str) and msg_id else None
+
+
+def _config_fault(code: Optional[str], message: str) -> bool:
+    # "Email address is not verified": the sender identity (or, in the SES sandbox,
+    # the recipient) is not verified in this region: the account's setup, not the mail
+    return code in CONFIG_CODES or (code == "MessageRejected" and "not verified" in message)
+
+
+def _permanent_kind(code: Optional[str], message: str) -> str:
+    return PermanentKind.REJECTED if code == "MessageRejected" else PermanentKind.INVALID_REQUEST
+
+
 class SesProvider(Provider):
     channel = "email"
 
     def __init__(self, config: SesConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client or make_client(
-            config.endpoint,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            verify=config.verify,
-            max_connections=config.max_connections,
-        )
-        self.signer = AwsSigner(config.access_key_id, config.secret_access_key, config.region, "ses",
-                                config.session_token)
+        self._client = client or client_for(config, config.endpoint)
+        self.signer = AwsSigner.for_config(config, "ses")
         self._from = (email.utils.formataddr((config.from_name, config.from_addr)) if config.from_name
                       else config.from_addr)
 
     def build_body(self, delivery: Delivery) -> dict[str, Any]:
         c = delivery.content or {}
-        text = c.get("text")
-        html = c.get("html")
-        if text is None and html is None:
-            text = c.get("body") or ""
+        text, html = email_bodies(c)
         body: dict[str, Any] = {}
         if text is not None:
             body["Text"] = {"Data": str(text), "Charset": "UTF-8"}
@@ -143,49 +154,15 @@ class SesProvider(Provider):
         return self.signer.request(self._client, method, path, body=body, headers=headers)
 
     async def send(self, delivery: Delivery) -> SendResult:
-        sw = Stopwatch()
         if "@" not in (delivery.address or ""):
             return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error="no e-mail address",
                               permanent_kind=PermanentKind.INVALID_ADDRESS)
-        try:
-            req = self._request("POST", "/v2/email/outbound-emails", orjson.dumps(self.build_body(delivery)))
-            resp = await self._client.send(req)
-        except Exception as exc:  # noqa: BLE001
-            return exception_result(self.name, exc, sw.ms)
-        return self._map(resp, sw.ms)
+        return await timed_send(self.name, lambda: self._client.send(
+            self._request("POST", "/v2/email/outbound-emails", orjson.dumps(self.build_body(delivery)))), self._map)
 
     def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
-        status = resp.status_code
-        name = self.name
-        if status == 200:
-            try:
-                doc = resp.json()
-            except ValueError:
-                doc = None
-            msg_id = doc.get("MessageId") if isinstance(doc, dict) else None
-            if isinstance(msg_id, str) and msg_id:
-                return SendResult(AttemptResult.ACCEPTED, name, provider_msg_id=msg_id, latency_ms=latency_ms)
-            return SendResult(AttemptResult.TIMEOUT_UNKNOWN, name, error=f"{status} without a MessageId",
-                              latency_ms=latency_ms)
-        code, message = aws_error(resp)
-        error = f"{status} {code or ''} {message or resp.reason_phrase}".strip()[:300]
-        retry_after = parse_retry_after(resp.headers.get("retry-after"))
-        if status == 429 or code in THROTTLE_CODES or code == "LimitExceededException":
-            return SendResult(AttemptResult.RATE_LIMITED, name, error=error, retry_after=retry_after,
-                              latency_ms=latency_ms)
-        if status in (401, 403) or code in AUTH_CODES:
-            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"auth: {error}"[:300], fault=Fault.CONFIG,
-                              latency_ms=latency_ms)
-        if code in CONFIG_CODES or (code == "MessageRejected" and "not verified" in message):
-            # "Email address is not verified": the sender identity (or, in the SES sandbox,
-            # the recipient) is not verified in this region: the account's setup, not the mail
-            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"config: {error}"[:300],
-                              fault=Fault.CONFIG, latency_ms=latency_ms)
-        if status >= 500 or status == 408:
-            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=error, retry_after=retry_after,
-                              latency_ms=latency_ms)
-        kind = PermanentKind.REJECTED if code == "MessageRejected" else PermanentKind.INVALID_REQUEST
-        return SendResult(AttemptResult.PERMANENT_ERROR, name, error=error, permanent_kind=kind, latency_ms=latency_ms)
+        return aws_result(self.name, resp, latency_ms, message_id=_message_id, rate_codes=RATE_CODES,
+                          config_fault=_config_fault, permanent_kind=_permanent_kind)
 
     async def account(self) -> tuple[int, dict[str, Any], Optional[str], str]:
         """``GetAccount`` (``GET /v2/email/account``): ``(status, body, error code, message)``;

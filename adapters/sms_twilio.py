@@ -34,8 +34,8 @@ import httpx
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import exception_result, make_client, query_error, response_json
-from .base import Fault, PermanentKind, Provider, QueryResult, QueryStatus, SendResult, Stopwatch, parse_retry_after
+from ._http import client_for, query_error, response_json, timed_send
+from .base import Fault, PermanentKind, Provider, QueryResult, QueryStatus, SendResult, parse_retry_after
 
 __all__ = ["TwilioConfig", "TwilioSmsProvider", "twilio_status_to_query"]
 
@@ -84,13 +84,7 @@ class TwilioSmsProvider(Provider):
             raise ValueError("TwilioConfig needs from_number or messaging_service_sid")
         self.config = config
         self.name = config.name
-        self._client = client or make_client(
-            config.base_url,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            verify=config.verify,
-            max_connections=config.max_connections,
-        )
+        self._client = client or client_for(config)
         self._auth = httpx.BasicAuth(config.account_sid, config.auth_token)
         self._prefix = f"/2010-04-01/Accounts/{config.account_sid}"
 
@@ -105,17 +99,12 @@ class TwilioSmsProvider(Provider):
         return form
 
     async def send(self, delivery: Delivery) -> SendResult:
-        sw = Stopwatch()
-        try:
-            resp = await self._client.post(
-                f"{self._prefix}/Messages.json",
-                data=self.build_form(delivery),
-                auth=self._auth,
-                headers={self.config.idempotency_header: delivery.delivery_id, "accept": "application/json"},
-            )
-        except Exception as exc:  # noqa: BLE001
-            return exception_result(self.name, exc, sw.ms)
-        return self._map(resp, sw.ms)
+        return await timed_send(self.name, lambda: self._client.post(
+            f"{self._prefix}/Messages.json",
+            data=self.build_form(delivery),
+            auth=self._auth,
+            headers={self.config.idempotency_header: delivery.delivery_id, "accept": "application/json"},
+        ), self._map)
 
     def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
         status = resp.status_code

@@ -28,8 +28,8 @@ import httpx
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import exception_result, make_client, query_error, response_json
-from .base import PermanentKind, Provider, QueryResult, QueryStatus, SendResult, Stopwatch, parse_retry_after
+from ._http import client_for, query_error, response_json, timed_send
+from .base import PermanentKind, Provider, QueryResult, QueryStatus, SendResult, parse_retry_after
 
 __all__ = ["VendorSmsConfig", "VendorSmsProvider", "vendor_status_to_query"]
 
@@ -62,14 +62,7 @@ class VendorSmsProvider(Provider):
     def __init__(self, config: VendorSmsConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client or make_client(
-            config.base_url,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            verify=config.verify,
-            max_connections=config.max_connections,
-            headers={"x-api-key": config.api_key},
-        )
+        self._client = client or client_for(config, headers={"x-api-key": config.api_key})
 
     def build_body(self, delivery: Delivery) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -84,12 +77,8 @@ class VendorSmsProvider(Provider):
         return body
 
     async def send(self, delivery: Delivery) -> SendResult:
-        sw = Stopwatch()
-        try:
-            resp = await self._client.post("/v1/sms/send", json=self.build_body(delivery))
-        except Exception as exc:  # noqa: BLE001
-            return exception_result(self.name, exc, sw.ms)
-        return self._map(resp, sw.ms)
+        return await timed_send(self.name, lambda: self._client.post("/v1/sms/send", json=self.build_body(delivery)),
+                                self._map)
 
     def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
         status = resp.status_code

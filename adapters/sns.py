@@ -36,11 +36,11 @@ from urllib.parse import urlencode
 
 import httpx
 
-from pipeline.models import AttemptResult, Delivery
+from pipeline.models import Delivery
 
-from ._http import exception_result, make_client
-from .aws_sigv4 import AUTH_CODES, THROTTLE_CODES, AwsSigner, aws_error
-from .base import Fault, PermanentKind, Provider, SendResult, Stopwatch, parse_retry_after
+from ._http import client_for, timed_send
+from .aws_sigv4 import AwsSigner, aws_error, aws_result
+from .base import PermanentKind, Provider, SendResult
 
 __all__ = ["SnsSmsConfig", "SnsSmsProvider", "publish_form"]
 
@@ -86,21 +86,28 @@ def publish_form(config: SnsSmsConfig, number: str, message: str) -> list[tuple[
     return form
 
 
+def _message_id(resp: httpx.Response) -> Optional[str]:
+    m = _MSG_ID.search(resp.content)
+    return m.group(1).decode() if m else None
+
+
+def _permanent_kind(code: Optional[str], message: str) -> str:
+    low = message.lower()
+    if code in INVALID_CODES and "opted out" in low:
+        return PermanentKind.OPTED_OUT
+    if code in INVALID_CODES and "phone" in low:
+        return PermanentKind.INVALID_NUMBER
+    return PermanentKind.INVALID_REQUEST
+
+
 class SnsSmsProvider(Provider):
     channel = "sms"
 
     def __init__(self, config: SnsSmsConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client or make_client(
-            config.endpoint,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            verify=config.verify,
-            max_connections=config.max_connections,
-        )
-        self.signer = AwsSigner(config.access_key_id, config.secret_access_key, config.region, "sns",
-                                config.session_token)
+        self._client = client or client_for(config, config.endpoint)
+        self.signer = AwsSigner.for_config(config, "sns")
 
     def _request(self, form: list[tuple[str, str]]) -> httpx.Request:
         body = urlencode(form).encode()
@@ -108,44 +115,12 @@ class SnsSmsProvider(Provider):
                                    headers={"content-type": "application/x-www-form-urlencoded; charset=utf-8"})
 
     async def send(self, delivery: Delivery) -> SendResult:
-        sw = Stopwatch()
         text = str((delivery.content or {}).get("body") or "")
-        try:
-            resp = await self._client.send(self._request(publish_form(self.config, delivery.address, text)))
-        except Exception as exc:  # noqa: BLE001
-            return exception_result(self.name, exc, sw.ms)
-        return self._map(resp, sw.ms)
+        return await timed_send(self.name, lambda: self._client.send(
+            self._request(publish_form(self.config, delivery.address, text))), self._map)
 
     def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
-        status = resp.status_code
-        name = self.name
-        if status == 200:
-            m = _MSG_ID.search(resp.content)
-            if m:
-                return SendResult(AttemptResult.ACCEPTED, name, provider_msg_id=m.group(1).decode(),
-                                  latency_ms=latency_ms)
-            return SendResult(AttemptResult.TIMEOUT_UNKNOWN, name, error=f"{status} without a MessageId",
-                              latency_ms=latency_ms)
-        code, message = aws_error(resp)
-        error = f"{status} {code or ''} {message or resp.reason_phrase}".strip()[:300]
-        retry_after = parse_retry_after(resp.headers.get("retry-after"))
-        if status == 429 or code in THROTTLE_CODES:
-            return SendResult(AttemptResult.RATE_LIMITED, name, error=error, retry_after=retry_after,
-                              latency_ms=latency_ms)
-        if status in (401, 403) or code in AUTH_CODES:
-            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"auth: {error}"[:300], fault=Fault.CONFIG,
-                              latency_ms=latency_ms)
-        if status >= 500 or status == 408:
-            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=error, retry_after=retry_after,
-                              latency_ms=latency_ms)
-        low = message.lower()
-        if code in INVALID_CODES and "opted out" in low:
-            kind = PermanentKind.OPTED_OUT
-        elif code in INVALID_CODES and "phone" in low:
-            kind = PermanentKind.INVALID_NUMBER
-        else:
-            kind = PermanentKind.INVALID_REQUEST
-        return SendResult(AttemptResult.PERMANENT_ERROR, name, error=error, permanent_kind=kind, latency_ms=latency_ms)
+        return aws_result(self.name, resp, latency_ms, message_id=_message_id, permanent_kind=_permanent_kind)
 
     async def sms_attributes(self) -> tuple[int, dict[str, str], Optional[str], str]:
         """``GetSMSAttributes``: ``(status, attributes, error code, message)``; the

@@ -126,7 +126,7 @@ async def queue() -> CallbackQueue:
 async def remember(ev: Event) -> None:
     """An event's own callback URL, for the outcomes to come (expand, before it plans
     the event): kept ``target_ttl_s`` past its ``send_at``."""
-    if not ev.callback_url:
+    if not ev.callback_url or not CFG.enabled:
         return
     ahead = max(0.0, (ev.send_at or 0.0) - time.time())
     await (await queue()).remember(ev.producer, ev.biz_key, ev.callback_url, CFG.target_ttl_s + ahead)
@@ -286,12 +286,14 @@ async def run_sender() -> None:
             try:
                 free = CFG.concurrency - len(tasks)
                 got = await q.claim(free, LEASE_S) if free > 0 else []
+                started = 0
                 for c in got:
                     host = _host(c.url)
                     if hosts[host] >= per_host:  # this host has its share in flight: the others go first
                         await q.release(c, time.time() + 0.2)
                         continue
                     hosts[host] += 1
+                    started += 1
                     t = asyncio.ensure_future(post_one(q, sender, c))
                     tasks.add(t)
                     t.add_done_callback(lambda t, h=host: finished(t, h))
@@ -302,7 +304,7 @@ async def run_sender() -> None:
                     pending_gauge.set(total)
                     retrying_gauge.set(later)
                     lag_gauge.labels("send").set(lag)
-                if got and len(got) == free:
+                if got and started == len(got) == free:  # a full claim, all started: there may be more
                     await asyncio.sleep(0)
                     continue
                 nxt = await q.next_due()

@@ -834,7 +834,35 @@ def cmd_status(args) -> int:
         print(format_group(group, now_ms=int(r.time()[0] * 1000)))
     print_processes(r.hgetall(keys.supervisor))
     print_breakers(r.hgetall(keys.breakers))
+    print_scaling(url, keys, settings.partitions)
     return 0
+
+
+def print_scaling(url: str, keys: Any, partitions: int) -> None:
+    """Workers each priority needs to meet its latency goal at the drain rate
+    measured over one second (pipeline/rules/scaling.py, docs/SCALING.md)."""
+    from pipeline.api.metrics_lag import LagSampler, scaling
+    from pipeline.transport.client import connect
+
+    async def measure() -> list:
+        client = await connect([url], attempts=1)
+        try:
+            sampler = LagSampler(client, keys, partitions, min_interval=0.0)
+            await sampler.snapshot(force=True)
+            await asyncio.sleep(1.0)
+            snap = await sampler.snapshot(force=True)
+            return scaling(snap) if snap.ok else []
+        finally:
+            await client.aclose()
+
+    loads = asyncio.run(measure())
+    if not loads:
+        return
+    print(f"{'priority':9} {'workers':>7} {'lag':>8} {'oldest':>9} {'drain':>9} {'goal':>6} {'needed':>7}")
+    for x in loads:
+        drain = "-" if x.time_to_drain_s is None else f"{x.time_to_drain_s:.1f}s"
+        print(f"{x.priority:9} {x.workers:>7} {x.lag:>8} {x.oldest_age_s:>8.1f}s {drain:>9} {x.goal_s:>5.0f}s "
+              f"{x.needed:>7}")
 
 
 def print_breakers(raw: dict) -> None:

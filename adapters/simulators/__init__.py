@@ -37,7 +37,6 @@ appends every provider call of every simulator to one JSON-lines file.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import secrets
@@ -57,6 +56,7 @@ from ..webhook import WebhookConfig, WebhookProvider, endpoint_of
 from .apns_sim import ApnsSim
 from .common import SimProfile
 from .fcm_sim import FcmSim
+from .group import SimGroup, receipt_url
 from .hms_sim import HmsSim
 from .smtp_sim import SmtpSim
 from .twilio_sim import IDEMPOTENCY_HEADER, RECONCILE_PARAM, TwilioSim
@@ -66,16 +66,8 @@ from .webhook_sim import WebhookSim
 __all__ = ["Simulators", "SimProfile", "start_all", "build_providers_from_info", "read_ledger"]
 
 
-def _receipt_url(base: Optional[str], provider: str) -> Optional[str]:
-    if not base:
-        return None
-    if "{provider}" in base:
-        return base.format(provider=provider)
-    return base.rstrip("/") + "/" + provider
-
-
 @dataclass
-class Simulators:
+class Simulators(SimGroup):
     apns: ApnsSim
     fcm: FcmSim
     twilio: TwilioSim
@@ -119,7 +111,7 @@ class Simulators:
                 auth_token=self.twilio.auth_token,
                 from_number=self.twilio.from_number,
                 base_url=self.twilio.base_url,
-                status_callback=_receipt_url(self.receipts_url, "twilio"),
+                status_callback=receipt_url(self.receipts_url, "twilio"),
                 idempotency_header=IDEMPOTENCY_HEADER,
                 reconcile_param=RECONCILE_PARAM,
                 timeout=timeout,
@@ -128,7 +120,7 @@ class Simulators:
                 api_key=self.vendor.api_key,
                 base_url=self.vendor.base_url,
                 sender="NOTIFY",
-                callback_url=_receipt_url(self.receipts_url, "smsvendor"),
+                callback_url=receipt_url(self.receipts_url, "smsvendor"),
                 timeout=timeout,
             ),
             "smtp": SmtpConfig(
@@ -179,10 +171,6 @@ class Simulators:
         rows.sort(key=lambda r: r["t"])
         return rows
 
-    def calls(self, key: str) -> dict[str, int]:
-        """Provider send calls per simulator for one delivery id."""
-        return {name: n for name, sim in self.all.items() if (n := sim.core.calls(key))}
-
     def set_profile(self, profile: SimProfile) -> None:
         for sim in self.all.values():
             sim.core.profile = profile
@@ -207,10 +195,7 @@ class Simulators:
         }
 
     async def stop(self) -> None:
-        for sim in reversed(self._started):
-            with contextlib.suppress(Exception):
-                await sim.stop()
-        self._started.clear()
+        await super().stop()
         if self._ledger_fd is not None:
             for sim in self.all.values():
                 sim.core.attach_ledger_file(None)
@@ -241,9 +226,9 @@ async def start_all(
     sims = Simulators(
         apns=ApnsSim(profile, host=host),
         fcm=FcmSim(profile, host=host),
-        twilio=TwilioSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "twilio"),
+        twilio=TwilioSim(profile, host=host, receipts_url=receipt_url(receipts_url, "twilio"),
                          auth_token=twilio_auth_token),
-        vendor=VendorSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "smsvendor"),
+        vendor=VendorSim(profile, host=host, receipts_url=receipt_url(receipts_url, "smsvendor"),
                          webhook_secret=vendor_secret),
         smtp=SmtpSim(
             profile,
@@ -256,20 +241,12 @@ async def start_all(
         hms=HmsSim(profile, host=host),
         receipts_url=receipts_url,
     )
-    # separate SimCore per simulator but one profile object: give each its own rng
-    for i, sim in enumerate(sims.all.values()):
-        sim.core.rng = random.Random(None if profile.seed is None else profile.seed + i)
+    sims.seed_rngs(profile)
     if ledger_path:
         sims._ledger_fd = os.open(ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         for sim in sims.all.values():
             sim.core.attach_ledger_file(sims._ledger_fd)
-    try:
-        for sim in sims.all.values():
-            await sim.start()
-            sims._started.append(sim)
-    except BaseException:
-        await sims.stop()
-        raise
+    await sims.start_each()
     return sims
 
 
@@ -306,12 +283,12 @@ def build_providers_from_info(info: dict[str, Any], timeout: float = 5.0) -> dic
         "fcm": FcmProvider(fcm),
         "twilio": TwilioSmsProvider(TwilioConfig(
             account_sid=tw["account_sid"], auth_token=tw["auth_token"], from_number=tw["from_number"],
-            base_url=tw["base_url"], status_callback=_receipt_url(receipts, "twilio"),
+            base_url=tw["base_url"], status_callback=receipt_url(receipts, "twilio"),
             idempotency_header=IDEMPOTENCY_HEADER, reconcile_param=tw.get("reconcile_param", RECONCILE_PARAM),
             timeout=timeout)),
         "smsvendor": VendorSmsProvider(VendorSmsConfig(
             api_key=vendor["api_key"], base_url=vendor["base_url"], sender="NOTIFY",
-            callback_url=_receipt_url(receipts, "smsvendor"), timeout=timeout)),
+            callback_url=receipt_url(receipts, "smsvendor"), timeout=timeout)),
         "smtp": SmtpProvider(SmtpConfig(
             host=smtp["host"], port=smtp["port"], username=smtp.get("username"), password=smtp.get("password"),
             start_tls=True if smtp.get("starttls") else False,

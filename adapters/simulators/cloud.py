@@ -20,15 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import random
-import signal
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
-
-import orjson
 
 from ..base import Provider
 from ..receipts import MemoryReplayGuard, ReceiptVerifier, ReplayGuard
@@ -36,6 +29,7 @@ from ..sendgrid import SendGridConfig, SendGridProvider
 from ..ses import SesConfig, SesProvider
 from ..sns import SnsSmsConfig, SnsSmsProvider
 from .common import SimProfile
+from .group import SimGroup, add_standalone_args, profile_of, receipt_url, run_standalone
 from .sendgrid_sim import SendGridSim
 from .ses_sim import SesSim
 from .sns_sim import SnsSim
@@ -45,16 +39,8 @@ __all__ = ["CloudSims", "start_cloud", "cloud_configs_from_info", "build_cloud_p
 FROM = "notify@example.com"
 
 
-def _receipt_url(base: Optional[str], provider: str) -> Optional[str]:
-    if not base:
-        return None
-    if "{provider}" in base:
-        return base.format(provider=provider)
-    return base.rstrip("/") + "/" + provider
-
-
 @dataclass
-class CloudSims:
+class CloudSims(SimGroup):
     sendgrid: SendGridSim
     ses: SesSim
     sns: SnsSim
@@ -82,15 +68,6 @@ class CloudSims:
     def receipt_verifier(self, guard: Optional[ReplayGuard] = None, **kw: Any) -> ReceiptVerifier:
         return ReceiptVerifier(sendgrid_public_key=self.sendgrid.public_key, sns_topic_arns=(self.ses.topic_arn,),
                                sns_cert_urls=(self.ses.base_url + "/",), guard=guard or MemoryReplayGuard(), **kw)
-
-    def calls(self, key: str) -> dict[str, int]:
-        return {name: n for name, sim in self.all.items() if (n := sim.core.calls(key))}
-
-    async def stop(self) -> None:
-        for sim in reversed(self._started):
-            with contextlib.suppress(Exception):
-                await sim.stop()
-        self._started.clear()
 
 
 def cloud_configs_from_info(info: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
@@ -120,53 +97,22 @@ async def start_cloud(receipts_url: Optional[str] = None, *, profile: Optional[S
     ``sendgrid={…}``, ``ses={…}``, ``sns={…}`` extra arguments of each simulator."""
     profile = profile or SimProfile.realistic()
     sims = CloudSims(
-        sendgrid=SendGridSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "sendgrid"),
+        sendgrid=SendGridSim(profile, host=host, receipts_url=receipt_url(receipts_url, "sendgrid"),
                              **kw.get("sendgrid", {})),
-        ses=SesSim(profile, host=host, receipts_url=_receipt_url(receipts_url, "ses"), **kw.get("ses", {})),
+        ses=SesSim(profile, host=host, receipts_url=receipt_url(receipts_url, "ses"), **kw.get("ses", {})),
         sns=SnsSim(profile, host=host, **kw.get("sns", {})),
         receipts_url=receipts_url,
     )
-    for i, sim in enumerate(sims.all.values()):
-        sim.core.rng = random.Random(None if profile.seed is None else profile.seed + 100 + i)
-    try:
-        for sim in sims.all.values():
-            await sim.start()
-            sims._started.append(sim)
-    except BaseException:
-        await sims.stop()
-        raise
+    sims.seed_rngs(profile, 100)
+    await sims.start_each()
     return sims
-
-
-async def _main(args: argparse.Namespace) -> None:
-    profile = SimProfile.clean(seed=args.seed) if args.clean else SimProfile.realistic(seed=args.seed)
-    sims = await start_cloud(args.receipts_url, profile=profile)
-    info = orjson.dumps(sims.as_dict())
-    if args.info:
-        tmp = args.info + ".tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(info)
-        os.replace(tmp, args.info)
-    sys.stdout.write(info.decode() + "\n")
-    sys.stdout.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await sims.stop()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m adapters.simulators.cloud")
-    p.add_argument("--receipts-url", default=None, help="events go to <url>/sendgrid and <url>/ses")
-    p.add_argument("--clean", action="store_true", help="no random failures (deterministic)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--info", default=None, help="also write the JSON line (URLs, credentials) to this file")
-    asyncio.run(_main(p.parse_args()))
+    add_standalone_args(p, "events go to <url>/sendgrid and <url>/ses")
+    args = p.parse_args()
+    asyncio.run(run_standalone(lambda: start_cloud(args.receipts_url, profile=profile_of(args)), args.info))
 
 
 if __name__ == "__main__":

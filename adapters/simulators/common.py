@@ -42,7 +42,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-__all__ = ["SimProfile", "Decision", "SimCore", "HttpSim", "text_scenario", "phone_scenario", "token_scenario"]
+__all__ = ["SimProfile", "Decision", "SimCore", "HttpSim", "text_scenario", "phone_scenario", "token_scenario",
+           "address_scenario"]
 
 log = logging.getLogger("notify.sim")
 
@@ -87,9 +88,19 @@ def phone_scenario(number: str) -> Optional[str]:
 
 
 def token_scenario(token: str) -> Optional[str]:
-    t = (token or "").lower()
-    for prefix, scenario in TOKEN_PREFIXES:
-        if t.startswith(prefix):
+    return _prefix_scenario(token, TOKEN_PREFIXES)
+
+
+def address_scenario(address: str, prefixes: tuple[tuple[str, str], ...]) -> Optional[str]:
+    """The scenario an e-mail address's local part picks by its prefix (each
+    e-mail simulator has its own ``(prefix, scenario)`` list)."""
+    return _prefix_scenario((address or "").split("@", 1)[0], prefixes)
+
+
+def _prefix_scenario(value: str, prefixes: tuple[tuple[str, str], ...]) -> Optional[str]:
+    v = (value or "").lower()
+    for prefix, scenario in prefixes:
+        if v.startswith(prefix):
             return scenario
     return None
 
@@ -445,6 +456,26 @@ class HttpSim:
     async def hang(self) -> None:
         """Keep the request open past any sane client timeout."""
         await asyncio.sleep(self.core.profile.hang_s)
+
+    @staticmethod
+    async def read_json(request: web.Request) -> tuple[bytes, Any]:
+        """The request's body and its JSON (None when it is not JSON)."""
+        raw = await request.read()
+        try:
+            return raw, orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw, None
+
+    async def accepted(self, entry: dict[str, Any], d: Decision, msg_id: str, status: int = 200) -> None:
+        """Note a message taken as ``msg_id`` in the ledger (``accepted``, with the
+        answer's ``status``); on a ``hang`` decision ``accepted_no_answer``, and then
+        no answer before :meth:`hang` is over."""
+        if d.action == "hang":
+            self.core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True,
+                             msg_id=msg_id)
+            await self.hang()
+        else:
+            self.core.record(**entry, status=status, outcome="accepted", cause=d.cause, accepted=True, msg_id=msg_id)
 
     def asdict(self) -> dict[str, Any]:
         return {"name": self.name, "base_url": self.base_url, "profile": asdict(self.core.profile)}

@@ -205,9 +205,5 @@ class FcmSim(HttpSim):
         core.messages[name] = {"name": name, "key": key, "token": token, "message": message, "at": time.time()}
         if key:
             core.by_key[key] = name
-        if d.action == "hang":
-            core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True, msg_id=name)
-            await self.hang()
-        else:
-            core.record(**entry, status=200, outcome="accepted", cause=d.cause, accepted=True, msg_id=name)
+        await self.accepted(entry, d, name)
         return web.json_response({"name": name})

@@ -118,11 +118,7 @@ class HmsSim(HttpSim):
 
     async def _send(self, request: web.Request) -> web.StreamResponse:
         core = self.core
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
+        _, body = await self.read_json(request)
         message = body.get("message") if isinstance(body, dict) else None
         message = message if isinstance(message, dict) else {}
         android = message.get("android") if isinstance(message.get("android"), dict) else {}
@@ -195,12 +191,7 @@ class HmsSim(HttpSim):
                                      "at": time.time()}
         if key:
             core.by_key[key] = request_id
-        if d.action == "hang":
-            core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True,
-                        msg_id=request_id)
-            await self.hang()
-        else:
-            core.record(**entry, status=200, outcome="accepted", cause=d.cause, accepted=True, msg_id=request_id)
+        await self.accepted(entry, d, request_id)
         if bad:
             msg = orjson.dumps({"success": len(tokens) - len(bad), "failure": len(bad), "illegal_tokens": bad}).decode()
             return web.json_response({"code": "80100000", "msg": msg, "requestId": request_id})

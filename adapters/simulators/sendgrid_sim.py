@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ..receipts_email import SENDGRID_SIGNATURE_HEADER, SENDGRID_TIMESTAMP_HEADER
-from .common import HttpSim, SimProfile, post_receipt, text_scenario
+from .common import HttpSim, SimProfile, address_scenario, post_receipt, text_scenario
 
 __all__ = ["SendGridSim", "sign_sendgrid_event"]
 
@@ -50,11 +50,7 @@ _PREFIXES = (("invalid", "invalid"), ("bounce", "undelivered"), ("dropped", "dro
 
 
 def _scenario(address: str) -> Optional[str]:
-    local = (address or "").split("@", 1)[0].lower()
-    for prefix, scenario in _PREFIXES:
-        if local.startswith(prefix):
-            return scenario
-    return None
+    return address_scenario(address, _PREFIXES)
 
 
 def _errors(status: int, message: str, field: Optional[str] = None, headers: Optional[dict[str, str]] = None,
@@ -147,11 +143,7 @@ class SendGridSim(HttpSim):
 
     async def _send(self, request: web.Request) -> web.StreamResponse:
         core = self.core
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
+        _, body = await self.read_json(request)
         first = {}
         if isinstance(body, dict) and isinstance(body.get("personalizations"), list) and body["personalizations"] \
                 and isinstance(body["personalizations"][0], dict):
@@ -202,11 +194,7 @@ class SendGridSim(HttpSim):
         core.by_key[key] = mid
         outcome = "dropped" if d.scenario == "dropped" else ("bounce" if d.undelivered else "delivered")
         core.spawn(self._events(mid, outcome))
-        if d.action == "hang":
-            core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True, msg_id=mid)
-            await self.hang()
-        else:
-            core.record(**entry, status=202, outcome="accepted", cause=d.cause, accepted=True, msg_id=mid)
+        await self.accepted(entry, d, mid, 202)
         return web.Response(status=202, headers={"X-Message-Id": mid})
 
     def event_body(self, mid: str, kinds: list[str]) -> bytes:

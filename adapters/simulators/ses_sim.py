@@ -43,7 +43,7 @@ import orjson
 from aiohttp import web
 
 from .aws_sim import SnsTopicSigner, check_sigv4, json_error, new_access_key
-from .common import HttpSim, SimProfile, post_receipt, text_scenario
+from .common import HttpSim, SimProfile, address_scenario, post_receipt, text_scenario
 
 __all__ = ["SesSim"]
 
@@ -52,11 +52,7 @@ _PREFIXES = (("reject", "reject"), ("bounce", "undelivered"), ("complaint", "com
 
 
 def _scenario(address: str) -> Optional[str]:
-    local = (address or "").split("@", 1)[0].lower()
-    for prefix, scenario in _PREFIXES:
-        if local.startswith(prefix):
-            return scenario
-    return None
+    return address_scenario(address, _PREFIXES)
 
 
 def _iso(t: float) -> str:
@@ -155,11 +151,7 @@ class SesSim(HttpSim):
 
     async def _send(self, request: web.Request) -> web.StreamResponse:
         core = self.core
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
+        raw, body = await self.read_json(request)
         tags = {t.get("Name"): t.get("Value") for t in (body or {}).get("EmailTags") or [] if isinstance(t, dict)} \
             if isinstance(body, dict) else {}
         key = str(tags.get("notify_id") or "")
@@ -204,11 +196,7 @@ class SesSim(HttpSim):
         core.by_key[key] = mid
         outcome = "bounce" if d.undelivered else ("complaint" if d.scenario == "complaint" else "delivery")
         core.spawn(self._notify(mid, outcome))
-        if d.action == "hang":
-            core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True, msg_id=mid)
-            await self.hang()
-        else:
-            core.record(**entry, status=200, outcome="accepted", cause=d.cause, accepted=True, msg_id=mid)
+        await self.accepted(entry, d, mid)
         return web.json_response({"MessageId": mid})
 
     # ------------------------------------------------------------------ SNS

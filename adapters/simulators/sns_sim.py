@@ -139,11 +139,7 @@ class SnsSim(HttpSim):
         mid = str(uuid.uuid4())
         core.messages[mid] = {"message_id": mid, "key": key, "to": number, "body": text, "attributes": attrs,
                               "form": form, "status": "accepted", "created": time.time()}
-        if d.action == "hang":
-            core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True, msg_id=mid)
-            await self.hang()
-        else:
-            core.record(**entry, status=200, outcome="accepted", cause=d.cause, accepted=True, msg_id=mid)
+        await self.accepted(entry, d, mid)
         return web.Response(content_type="text/xml", text=(
             f'<PublishResponse xmlns="{NS}"><PublishResult><MessageId>{mid}</MessageId></PublishResult>'
             f"<ResponseMetadata><RequestId>{uuid.uuid4()}</RequestId></ResponseMetadata></PublishResponse>"))

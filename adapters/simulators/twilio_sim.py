@@ -199,11 +199,7 @@ class TwilioSim(HttpSim):
         if key:
             core.by_key[key] = sid
         core.spawn(self._lifecycle(sid, d.undelivered))
-        if d.action == "hang":
-            core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True, msg_id=sid)
-            await self.hang()
-        else:
-            core.record(**entry, status=201, outcome="accepted", cause=d.cause, accepted=True, msg_id=sid)
+        await self.accepted(entry, d, sid, 201)
         return web.json_response(self._resource(msg), status=201)
 
     # ------------------------------------------------------------------ read

@@ -117,11 +117,7 @@ class VendorSim(HttpSim):
         core.messages[mid] = msg
         core.by_key[key] = mid
         core.spawn(self._lifecycle(mid, d.undelivered))
-        if d.action == "hang":
-            core.record(**entry, status="hang", outcome="accepted_no_answer", cause=d.cause, accepted=True, msg_id=mid)
-            await self.hang()
-        else:
-            core.record(**entry, status=200, outcome="accepted", cause=d.cause, accepted=True, msg_id=mid)
+        await self.accepted(entry, d, mid)
         return web.json_response({"message_id": mid, "status": "accepted"})
 
     async def _status(self, request: web.Request) -> web.Response:

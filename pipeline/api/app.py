@@ -165,9 +165,17 @@ def _coerce_integers(data: Any, fields: tuple[str, ...], list_fields: tuple[str,
     return changed
 
 
+#: fields events gained later, left out of the fingerprint at their default, so a
+#: repeat of an event accepted before they existed still matches its record
+_LATER_FIELDS = {"producer": "", "callback_url": None}
+
+
 def fingerprint(event: Event) -> str:
     d = event.asdict()
     d.pop("accepted_at", None)
+    for name, default in _LATER_FIELDS.items():
+        if d.get(name, default) == default:
+            d.pop(name, None)
     return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

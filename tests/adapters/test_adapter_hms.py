@@ -20,6 +20,7 @@ from adapters.simulators.hms_sim import HmsSim
 from config.settings import load_settings
 from pipeline.models import AttemptResult
 from pipeline.rules.validate import InvalidEvent, address_ok, parse_device_update
+from tests.adapters.helpers import notify_toml
 
 
 @pytest.fixture
@@ -253,8 +254,7 @@ def test_devices_register_with_the_hms_platform():
 
 
 def hms_config(sim: HmsSim, tmp_path, name: str = "huawei") -> str:
-    path = tmp_path / "notify.toml"
-    path.write_text(f"""
+    return notify_toml(tmp_path, f"""
 [providers.{name}]
 kind = "hms"
 client_id = "{sim.client_id}"
@@ -277,7 +277,6 @@ sms = []
 email = []
 webhook = []
 """)
-    return str(path)
 
 
 async def test_kind_hms_builds_tries_its_oauth_and_takes_hms_tokens(hms_sim, tmp_path, make_delivery):

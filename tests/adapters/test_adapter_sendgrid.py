@@ -29,25 +29,17 @@ from adapters.sendgrid import SendGridConfig, SendGridProvider
 from adapters.simulators.sendgrid_sim import SendGridSim, sign_sendgrid_event
 from config.settings import ConfigError, load_settings
 from pipeline.models import AttemptResult
-from tests.adapters.cloud_helpers import EmailReceiptCollector
+from tests.adapters.helpers import notify_toml
 
 FROM = "notify@example.com"
 CONTENT = {"subject": "Your order shipped", "text": "It is on its way.", "html": "<p>It is on its way.</p>"}
 
 
 @pytest.fixture
-async def collector():
-    c = EmailReceiptCollector()
-    await c.start()
-    yield c
-    await c.stop()
-
-
-@pytest.fixture
-async def sg(profile, collector):
-    sim = SendGridSim(profile, receipts_url=collector.base_url + "/sendgrid", verified_senders=(FROM,))
+async def sg(profile, email_collector):
+    sim = SendGridSim(profile, receipts_url=email_collector.base_url + "/sendgrid", verified_senders=(FROM,))
     await sim.start()
-    collector.configure(sendgrid_public_key=sim.public_key)
+    email_collector.configure(sendgrid_public_key=sim.public_key)
     yield sim
     await sim.stop()
 
@@ -61,7 +53,7 @@ def provider_for(sim: SendGridSim, **kw) -> SendGridProvider:
 # ---------------------------------------------------------------- sending
 
 
-async def test_accepted_with_the_body_sendgrids_own_library_builds(sg, collector, make_delivery):
+async def test_accepted_with_the_body_sendgrids_own_library_builds(sg, email_collector, make_delivery):
     p = provider_for(sg)
     try:
         d = make_delivery("email", "ann@example.com", CONTENT)
@@ -79,9 +71,9 @@ async def test_accepted_with_the_body_sendgrids_own_library_builds(sg, collector
         mail.custom_arg = CustomArg("notify_id", d.delivery_id)
         assert got["body"] == mail.get()
         # the Event Webhook: processed, delivered, open → DELIVERED for the X-Message-Id
-        receipt = await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
+        receipt = await email_collector.receipt_for(r)
         assert (receipt.status, receipt.provider, receipt.error) == ("DELIVERED", "sendgrid", None)
-        assert collector.rejected == []
+        assert email_collector.rejected == []
         # no status query in the Mail Send API
         q = await p.query(d.delivery_id, r.provider_msg_id)
         assert (q.supported, q.status) == (False, QueryStatus.NOT_FOUND)
@@ -102,15 +94,15 @@ async def test_bulk_mail_is_not_auto_submitted_and_text_only_content_is_plain(sg
         await p.close()
 
 
-async def test_a_bounce_is_an_undelivered_receipt(sg, collector, make_delivery):
+async def test_a_bounce_is_an_undelivered_receipt(sg, email_collector, make_delivery):
     p = provider_for(sg)
     try:
         r = await p.send(make_delivery("email", "bounce-1@example.com", CONTENT))
         assert r.result == AttemptResult.ACCEPTED
-        receipt = await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
+        receipt = await email_collector.receipt_for(r)
         assert receipt.status == "UNDELIVERED" and receipt.error.startswith("bounce bounce: 550 5.1.1")
         r = await p.send(make_delivery("email", "dropped@example.com", CONTENT))
-        receipt = await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
+        receipt = await email_collector.receipt_for(r)
         assert (receipt.status, receipt.error) == ("UNDELIVERED", "dropped: Bounced Address")
     finally:
         await p.close()
@@ -200,17 +192,12 @@ def _events(mid: str, kind: str = "delivered", ts: int | None = None) -> bytes:
                           "sg_event_id": "e1", "sg_message_id": f"{mid}.filterdrecv-1-2"}])
 
 
-async def test_our_verifier_and_sendgrids_accept_the_same_callbacks(sg, collector, make_delivery):
+async def test_our_verifier_and_sendgrids_accept_the_same_callbacks(sg, email_collector, make_delivery):
     """Every callback the simulator posted verifies with sendgrid's EventWebhook; a
     changed byte, another key or another timestamp fails both."""
-    p = provider_for(sg)
-    try:
-        r = await p.send(make_delivery("email", "ann@example.com", CONTENT))
-        await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
-    finally:
-        await p.close()
+    await email_collector.send_one(provider_for(sg), make_delivery("email", "ann@example.com", CONTENT))
     judge = EventWebhook(sg.public_key)
-    posted = [(body, h) for scheme, body, h in collector.raw if scheme == "sendgrid"]
+    posted = [(body, h) for scheme, body, h in email_collector.raw if scheme == "sendgrid"]
     assert posted
     other = ec.generate_private_key(ec.SECP256R1())
     for body, h in posted:
@@ -296,8 +283,7 @@ def test_event_parsing():
 
 
 def _config(tmp_path, sim: SendGridSim, extra: str = "") -> str:
-    path = tmp_path / "notify.toml"
-    path.write_text(f"""
+    return notify_toml(tmp_path, f"""
 [providers.mail_a]
 kind = "sendgrid"
 base_url = "{sim.base_url}"
@@ -308,7 +294,6 @@ timeout = 5
 pool = 8
 {extra}
 """)
-    return str(path)
 
 
 async def test_from_config_and_notify_providers_check(sg, tmp_path, make_delivery):

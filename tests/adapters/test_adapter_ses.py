@@ -32,32 +32,24 @@ from adapters.ses import SesConfig, SesProvider
 from adapters.simulators.ses_sim import SesSim
 from config.settings import ConfigError, load_settings
 from pipeline.models import AttemptResult
-from tests.adapters.cloud_helpers import EmailReceiptCollector
+from tests.adapters.helpers import notify_toml
 
 FROM = "notify@example.com"
 CONTENT = {"subject": "Your order shipped", "text": "It is on its way.", "html": "<p>It is on its way.</p>"}
 
 
-@pytest.fixture
-async def collector():
-    c = EmailReceiptCollector()
-    await c.start()
-    yield c
-    await c.stop()
-
-
-async def _ses(profile, collector, **kw) -> SesSim:
-    sim = SesSim(profile, receipts_url=collector.base_url + "/ses", verified_identities=("example.com",), **kw)
-    collector.configure(sns_topic_arns=(sim.topic_arn,), sns_certs=SnsCertCache())
+async def _ses(profile, email_collector, **kw) -> SesSim:
+    sim = SesSim(profile, receipts_url=email_collector.base_url + "/ses", verified_identities=("example.com",), **kw)
+    email_collector.configure(sns_topic_arns=(sim.topic_arn,), sns_certs=SnsCertCache())
     await sim.start()  # its SubscriptionConfirmation is posted once this returns
-    collector.verifier.sns_cert_urls = (sim.base_url + "/",)  # the port it got
+    email_collector.verifier.sns_cert_urls = (sim.base_url + "/",)  # the port it got
     return sim
 
 
 @pytest.fixture
-async def ses(profile, collector):
-    sim = await _ses(profile, collector)
-    await collector.wait_until(lambda: sim.confirmed)  # the SubscriptionConfirmation, verified and confirmed
+async def ses(profile, email_collector):
+    sim = await _ses(profile, email_collector)
+    await email_collector.wait_until(lambda: sim.confirmed)  # the SubscriptionConfirmation, verified and confirmed
     yield sim
     await sim.stop()
 
@@ -79,7 +71,7 @@ def boto_client(sim: SesSim, service: str = "sesv2", secret: str | None = None):
 # ---------------------------------------------------------------- sending
 
 
-async def test_accepted_and_the_body_is_a_sendemail_of_the_service_model(ses, collector, make_delivery):
+async def test_accepted_and_the_body_is_a_sendemail_of_the_service_model(ses, email_collector, make_delivery):
     p = provider_for(ses, configuration_set="notify-events")
     try:
         d = make_delivery("email", "ann@example.com", CONTENT)
@@ -96,7 +88,7 @@ async def test_accepted_and_the_body_is_a_sendemail_of_the_service_model(ses, co
                                                         {"Name": "Auto-Submitted", "Value": "auto-generated"}]
         assert body["ConfigurationSetName"] == "notify-events"
         assert {"Name": "notify_id", "Value": d.delivery_id} in body["EmailTags"]
-        receipt = await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
+        receipt = await email_collector.receipt_for(r)
         assert (receipt.status, receipt.provider, receipt.error) == ("DELIVERED", "ses", None)
         q = await p.query(d.delivery_id, r.provider_msg_id)
         assert (q.supported, q.status) == (False, QueryStatus.NOT_FOUND)
@@ -184,33 +176,28 @@ async def test_credentials_and_identity_faults_are_configuration_faults(ses, mak
 # ---------------------------------------------------------------- notifications through SNS
 
 
-async def test_bounce_and_complaint_notifications(ses, collector, make_delivery):
+async def test_bounce_and_complaint_notifications(ses, email_collector, make_delivery):
     p = provider_for(ses)
     try:
         r = await p.send(make_delivery("email", "bounce@example.com", CONTENT))
-        receipt = await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
+        receipt = await email_collector.receipt_for(r)
         assert receipt.status == "UNDELIVERED" and receipt.error == "bounce Permanent/General: smtp; 550 5.1.1 user unknown"
         r = await p.send(make_delivery("email", "complaint@example.com", CONTENT))
-        await collector.wait_until(lambda: sum(x.provider_msg_id == r.provider_msg_id for x in collector.receipts) == 2)
-        assert [(x.status, x.error) for x in collector.receipts if x.provider_msg_id == r.provider_msg_id] == [
+        await email_collector.wait_until(lambda: sum(x.provider_msg_id == r.provider_msg_id for x in email_collector.receipts) == 2)
+        assert [(x.status, x.error) for x in email_collector.receipts if x.provider_msg_id == r.provider_msg_id] == [
             ("DELIVERED", None), ("DELIVERED", "complaint abuse")]
-        assert collector.rejected == []
+        assert email_collector.rejected == []
     finally:
         await p.close()
 
 
-async def test_an_independent_validator_accepts_what_we_accept(ses, collector, make_delivery):
+async def test_an_independent_validator_accepts_what_we_accept(ses, email_collector, make_delivery):
     """Every message the simulator posted (the SubscriptionConfirmation, the
     notifications; SignatureVersion 1) verifies with sns_message_validator; a changed
     Message fails it and us."""
-    p = provider_for(ses)
-    try:
-        r = await p.send(make_delivery("email", "ann@example.com", CONTENT))
-        await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
-    finally:
-        await p.close()
+    await email_collector.send_one(provider_for(ses), make_delivery("email", "ann@example.com", CONTENT))
     judge = SNSMessageValidator(cert_url_regex="^" + re.escape(ses.base_url + "/"))
-    posted = [orjson.loads(body) for scheme, body, _ in collector.raw if scheme == "ses"]
+    posted = [orjson.loads(body) for scheme, body, _ in email_collector.raw if scheme == "ses"]
     assert {m["Type"] for m in posted} == {"SubscriptionConfirmation", "Notification"}
     for msg in posted:
         await asyncio.to_thread(judge.validate_message, msg)
@@ -224,41 +211,36 @@ async def test_an_independent_validator_accepts_what_we_accept(ses, collector, m
         assert exc.value.reason == "bad_signature"
 
 
-async def test_signature_version_2_and_a_subject(profile, collector, make_delivery):
-    sim = await _ses(profile, collector, signature_version="2")
+async def test_signature_version_2_and_a_subject(profile, email_collector, make_delivery):
+    sim = await _ses(profile, email_collector, signature_version="2")
     try:
-        await collector.wait_until(lambda: sim.confirmed)
+        await email_collector.wait_until(lambda: sim.confirmed)
         p = provider_for(sim)
         try:
             r = await p.send(make_delivery("email", "bounce@example.com", CONTENT))
-            receipt = await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
+            receipt = await email_collector.receipt_for(r)
             assert receipt.status == "UNDELIVERED"
         finally:
             await p.close()
-        assert {orjson.loads(b)["SignatureVersion"] for s, b, _ in collector.raw if s == "ses"} == {"2"}
+        assert {orjson.loads(b)["SignatureVersion"] for s, b, _ in email_collector.raw if s == "ses"} == {"2"}
         # a Subject is in the canonical string when present (and a line break in a value is kept)
         note = sim.signer.message(sim.base_url, "Notification", orjson.dumps(sim.ses_event(
             r.provider_msg_id, "delivery")).decode(), subject="Amazon SES Email Event\nNotification")
         assert b"Subject\nAmazon SES Email Event\nNotification\n" in sns_string_to_sign(note)
-        got = await collector.verifier.sns(orjson.dumps(note))
+        got = await email_collector.verifier.sns(orjson.dumps(note))
         assert [x.status for x in got] == ["DELIVERED"]
         with pytest.raises(ReceiptRejected):
-            await collector.verifier.sns(orjson.dumps({**note, "Subject": "other"}))
+            await email_collector.verifier.sns(orjson.dumps({**note, "Subject": "other"}))
         with pytest.raises(ReceiptRejected):
-            await collector.verifier.sns(orjson.dumps({k: v for k, v in note.items() if k != "Subject"}))
+            await email_collector.verifier.sns(orjson.dumps({k: v for k, v in note.items() if k != "Subject"}))
     finally:
         await sim.stop()
 
 
-async def test_the_verifier_refuses_what_sns_did_not_sign_for_us(ses, collector, make_delivery):
-    p = provider_for(ses)
-    try:
-        r = await p.send(make_delivery("email", "ann@example.com", CONTENT))
-        await collector.wait_for(lambda x: x.provider_msg_id == r.provider_msg_id)
-    finally:
-        await p.close()
+async def test_the_verifier_refuses_what_sns_did_not_sign_for_us(ses, email_collector, make_delivery):
+    r = await email_collector.send_one(provider_for(ses), make_delivery("email", "ann@example.com", CONTENT))
     note = ses.notification(r.provider_msg_id, "bounce")
-    v = collector.verifier
+    v = email_collector.verifier
     assert [x.status for x in await v.sns(orjson.dumps(note))] == ["UNDELIVERED"]
     assert await v.sns(orjson.dumps(note)) == []  # SNS retried it: taken once
     fetches = v.sns_certs.fetches
@@ -328,8 +310,7 @@ def test_ses_event_parsing():
 
 
 def _config(tmp_path, sim: SesSim, extra: str = "") -> str:
-    path = tmp_path / "notify.toml"
-    path.write_text(f"""
+    return notify_toml(tmp_path, f"""
 [providers.ses]
 kind = "ses"
 base_url = "{sim.base_url}"
@@ -342,7 +323,6 @@ sns_cert_urls = ["{sim.base_url}/"]
 timeout = 5
 {extra}
 """)
-    return str(path)
 
 
 async def test_from_config_and_notify_providers_check(ses, tmp_path, make_delivery):

@@ -22,6 +22,7 @@ from adapters.simulators.sns_sim import SnsSim
 from adapters.sns import SnsSmsConfig, SnsSmsProvider
 from config.settings import ConfigError, load_settings
 from pipeline.models import AttemptResult
+from tests.adapters.helpers import notify_toml
 
 OK = "+14155550123"
 
@@ -141,8 +142,8 @@ async def test_wrong_credentials_are_a_configuration_fault_and_fail_over(sns, ma
 
 
 def _config(tmp_path, sim: SnsSim, extra: str = "") -> str:
-    path = tmp_path / "notify.toml"
-    path.write_text(f"""
+    (tmp_path / "aws_secret").write_text(sim.secret_access_key + "\n")
+    return notify_toml(tmp_path, f"""
 [providers.sms_aws]
 kind = "sns"
 base_url = "{sim.base_url}"
@@ -154,8 +155,6 @@ sender_id = "NOTIFY"
 timeout = 5
 {extra}
 """)
-    (tmp_path / "aws_secret").write_text(sim.secret_access_key + "\n")
-    return str(path)
 
 
 async def test_from_config_and_notify_providers_check(sns, tmp_path, make_delivery):

@@ -19,6 +19,7 @@ from adapters.simulators import SimProfile, build_providers_from_info, start_all
 from config.settings import ConfigError, load_settings
 from pipeline.layout import simulator_providers
 from pipeline.providers import provider_set, provider_specs
+from tests.adapters.helpers import notify_toml
 from tests.transport.helpers import ROOT
 
 SECRET_TOKEN = "f00dfeedf00dfeedf00dfeedf00dfeed"
@@ -101,12 +102,11 @@ sms = ["{n['twilio']}", "{n['smsvendor']}"]
 email = ["{n['smtp']}"]
 webhook = ["{n['webhook']}"]
 """
-    path = tmp / "notify.toml"
-    path.write_text(text)
+    path = notify_toml(tmp, text)
     env = {"TEST_TWILIO_AUTH_TOKEN": tw["auth_token"], "TEST_VENDOR_API_KEY": ve["api_key"],
            "TEST_WEBHOOK_SECRET": info["webhook"]["secret"], "TEST_SMTP_PASSWORD": sm.get("password") or "",
            "TEST_HMS_CLIENT_SECRET": info["hms"]["client_secret"]}
-    return str(path), env
+    return path, env
 
 
 @pytest.fixture
@@ -211,9 +211,7 @@ webhook = ["w"]
 
 
 def load(tmp_path: Path, text: str):
-    p = tmp_path / "notify.toml"
-    p.write_text(text)
-    return load_settings(str(p), env={})
+    return load_settings(notify_toml(tmp_path, text), env={})
 
 
 async def test_a_good_config_loads_with_its_references(tmp_path):

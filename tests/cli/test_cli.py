@@ -90,6 +90,9 @@ def test_commands_against_the_embedded_server(running):
     assert "replayed" in notify(env, "dlq", "replay", "--source", "expand").stdout
     status = notify(env, "status").stdout
     assert "notify.events" in status and "slots: 0→" in status
+    # the scaling signal: workers each priority needs for its goal (docs/SCALING.md)
+    scaling = [line.split() for line in status.splitlines() if line.startswith(("high ", "normal ", "low "))]
+    assert [row[0] for row in scaling] == ["high", "normal", "low"] and all(int(row[-1]) >= 1 for row in scaling)
     demo = notify(env, "demo", "--events", "40", "--users", "60", timeout=180).stdout
     assert "state" in demo and "p99 ms" in demo and "ACCEPTED" in demo
 

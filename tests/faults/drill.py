@@ -109,10 +109,17 @@ class Sims:
 # --------------------------------------------------------------------------- the drill
 
 
+#: the drills' config: no receipt polls, and marketing without its sliding windows
+#: (one per 10 minutes): the workloads send up to three per user, under the daily
+#: limit, and expect each sent; the drills are about faults, the caps have their
+#: own tests (tests/rules/test_rule_guard.py, the reference-model test)
+DRILL_CONFIG = "receipt_poll_s = 0\n[categories.marketing]\nrate_windows = []\n"
+
+
 class Drill:
     """One scenario's world: its own server, simulators and workers in ``workdir``."""
 
-    def __init__(self, workdir: Path, *, workers: int = 2, config: str = "receipt_poll_s = 0\n",
+    def __init__(self, workdir: Path, *, workers: int = 2, config: str = DRILL_CONFIG,
                  server: Optional[EmbeddedRedis] = None, **env: Any) -> None:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)

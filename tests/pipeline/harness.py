@@ -18,6 +18,15 @@ from tests.transport.helpers import ROOT, produce_async, wait_until
 
 PARTITIONS = 4
 DEFAULTS = load_settings(env={})  # the categories' priorities, as a worker's config has them
+#: the states a record stays in (as far as a test waits)
+DONE = ("ACCEPTED", "DELIVERED", "FAILED", "FILTERED", "UNDELIVERED", "REVIEW")
+
+
+def push_event(biz: str, user: str) -> dict:
+    """An order_shipped event to one user, on the push channel."""
+    return {"biz_key": biz, "category": "transaction", "template": "order_shipped", "recipients": [user],
+            "channels": ["push"], "params": {"order_no": "1", "carrier": "UPS", "tracking_no": "1Z",
+                                             "tracking_url": "https://t.example/x"}}
 
 
 class Pipeline:
@@ -140,6 +149,23 @@ class Pipeline:
             return {}
         finally:
             con.close()
+
+    def device_rows(self) -> dict[str, dict]:
+        """The device deliveries (push to each device of a user), by delivery id."""
+        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5)
+        con.row_factory = sqlite3.Row
+        try:
+            return {r["delivery_id"]: dict(r) for r in con.execute("SELECT * FROM device_deliveries")}
+        except sqlite3.OperationalError:
+            return {}
+        finally:
+            con.close()
+
+    def wait_decided(self, keys: Iterable[tuple[str, str, str]], timeout: float = 60,
+                     what: str = "all decided") -> dict:
+        """The records, once those of ``keys`` ((biz_key, user_id, channel)) are all in a :data:`DONE` state."""
+        keys = list(keys)
+        return self.wait_rows(lambda r: all(r.get(k, {}).get("status") in DONE for k in keys), timeout, what)
 
     def wait_rows(self, cond, timeout: float = 60, what: str = "") -> dict:
         last: dict = {}

@@ -55,8 +55,11 @@ def provider_result(user: User, channel: str) -> tuple[str, Optional[str]]:
 
 
 class Model:
-    def __init__(self, users: dict[str, User]) -> None:
+    def __init__(self, users: dict[str, User], windows: bool = True) -> None:
+        """``windows``: the sliding windows of config/defaults.toml apply (the fault
+        drills turn them off: tests/faults/drill.py DRILL_CONFIG)."""
         self.users = users
+        self.windows = windows
         self.expected: dict[tuple[str, str, str], tuple[str, Optional[str]]] = {}
         self.count: dict[tuple[str, str], int] = {}
         self.dead_letters = 0
@@ -92,7 +95,7 @@ class Model:
             for c in usable:
                 self.expected[(ev["biz_key"], user.id, c)] = ("FILTERED", "over_limit")
             return
-        if any(n >= most for _w, most in cat.get("windows", ())):
+        if self.windows and any(n >= most for _w, most in cat.get("windows", ())):
             for c in usable:
                 self.expected[(ev["biz_key"], user.id, c)] = ("FILTERED", "rate_window")
             return

@@ -33,6 +33,7 @@ from pipeline.rules import callbacks as R
 from tests.transport.helpers import ROOT, wait_until
 
 from .harness import Pipeline
+from tests.api.conftest import api, api_app_factory  # noqa: F401,E402  (the API's fixtures)
 
 # ---------------------------------------------------------------- the durable set
 
@@ -110,6 +111,27 @@ def test_a_lease_that_ends_lets_another_worker_post_and_failed_ones_are_listed_a
     assert list_callbacks(redis_sync, "nfs", failed=True) == []
     states = {w["id"]: w for w in list_callbacks(redis_sync, "nfs", now=1013.0)}
     assert states[eid]["state"] == "pending" and states[eid]["attempts"] == 0
+
+
+# ---------------------------------------------------------------- at the door
+
+
+async def test_the_api_takes_a_callback_url_into_the_stream_and_refuses_a_bad_one(api):
+    ev = {"biz_key": "cb:api", "category": "transaction", "template": "order_shipped", "recipients": ["u1"],
+          "params": {"order_no": "A1", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t.example/1"},
+          "callback_url": "https://shop.example/notify-status"}
+    status, body = await api.call("POST", "/v1/events", "events", json=ev)
+    assert status == 202, body
+    r = redis.Redis.from_url(api.redis_url)
+    try:
+        written = [orjson.loads(f[b"v"]) for p in range(4) for _i, f in r.xrange(f"nfs:{{notify.events|{p}}}:s")]
+    finally:
+        r.close()
+    assert [(e["biz_key"], e["callback_url"], e["producer"]) for e in written] == [
+        ("cb:api", "https://shop.example/notify-status", "test")]
+    for bad in ("http://user:pw@shop.example/", "https://shop.example/\u202e", "gopher://shop.example/", 7):
+        status, body = await api.call("POST", "/v1/events", "events", json=dict(ev, biz_key="cb:bad", callback_url=bad))
+        assert status == 400 and body["error"]["field"] == "callback_url", body
 
 
 # ---------------------------------------------------------------- a producer's receiver

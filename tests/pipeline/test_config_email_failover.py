@@ -14,7 +14,6 @@ from adapters.simulators.cloud import CloudSims, start_cloud
 from tests.pipeline.harness import Pipeline
 from tests.transport.helpers import wait_until
 
-DONE = ("ACCEPTED", "DELIVERED", "FAILED", "FILTERED", "UNDELIVERED", "REVIEW")
 SHIP = {"category": "transaction", "template": "order_shipped", "channels": ["email"],
         "params": {"order_no": "1", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t.example/x"}}
 
@@ -107,15 +106,14 @@ def test_email_fails_over_from_sendgrid_to_ses_and_back(redis_url, tmp_path):
         sims.call(sims.sims.sendgrid.core.set_mode, {"mode": "down", "status": 503})
         pipe.events([{**SHIP, "biz_key": f"fo:{u}", "recipients": [u]} for u in users[:3]])
         keys = [(f"fo:{u}", u, "email") for u in users]
-        rows = pipe.wait_rows(lambda r: all(r.get(k, {}).get("status") in DONE for k in keys[:3]), 90,
-                              "the first three decided")
+        rows = pipe.wait_decided(keys[:3], 90, "the first three decided")
         assert {k: (rows[k]["status"], rows[k]["provider"]) for k in keys[:3]} == {
             k: ("ACCEPTED", "ses") for k in keys[:3]}
 
         # SendGrid is back: it takes the mail again (its breaker never opened: 3 failures < 5)
         sims.call(sims.sims.sendgrid.core.set_mode, {"mode": "ok"})
         pipe.events([{**SHIP, "biz_key": f"fo:{u}", "recipients": [u]} for u in users[3:]])
-        rows = pipe.wait_rows(lambda r: all(r.get(k, {}).get("status") in DONE for k in keys), 90, "all decided")
+        rows = pipe.wait_decided(keys, 90)
         assert {k: (rows[k]["status"], rows[k]["provider"]) for k in keys[3:]} == {
             k: ("ACCEPTED", "sendgrid") for k in keys[3:]}
 

@@ -15,7 +15,6 @@ from tests.adapters.test_provider_config import sim_config
 
 NAMES = {"apns": "ios", "fcm": "android", "twilio": "sms_main", "smsvendor": "sms_backup", "smtp": "mail",
          "webhook": "hooks"}
-DONE = ("ACCEPTED", "DELIVERED", "FAILED", "FILTERED", "UNDELIVERED", "REVIEW")
 APNS_TOKEN = "a1" * 32
 
 
@@ -57,7 +56,7 @@ def test_a_worker_delivers_through_the_providers_of_its_config(redis_url, tmp_pa
                      {**ship, "biz_key": "cr:ship1", "recipients": ["cr1"]}])
         keys = [("cr:otp1", "cr1", "sms"), ("cr:otp2", "cr2", "sms"), ("cr:ship1", "cr1", "email"),
                 ("cr:ship1", "cr1", "push")]
-        rows = pipe.wait_rows(lambda r: all(r.get(k, {}).get("status") in DONE for k in keys), 90, "all decided")
+        rows = pipe.wait_decided(keys, 90)
 
         assert {k: (rows[k]["status"], rows[k]["provider"]) for k in keys[:3]} == {
             ("cr:otp1", "cr1", "sms"): ("ACCEPTED", "sms_main"),

@@ -2,16 +2,10 @@
 timestamp): a token registered again after that stays (issue 28). Against a real
 worker: the device table decides whether a later push has an address."""
 
-from tests.pipeline.harness import Pipeline
+from tests.pipeline.harness import Pipeline, push_event
 from tests.transport.helpers import wait_until
 
 TOKEN = "ab" * 32
-
-
-def push(biz: str, user: str) -> dict:
-    return {"biz_key": biz, "category": "transaction", "template": "order_shipped", "recipients": [user],
-            "channels": ["push"], "params": {"order_no": "1", "carrier": "UPS", "tracking_no": "1Z",
-                                             "tracking_url": "https://t.example/x"}}
 
 
 def test_a_removal_older_than_the_registration_keeps_the_device(redis_url, tmp_path):
@@ -24,7 +18,7 @@ def test_a_removal_older_than_the_registration_keeps_the_device(redis_url, tmp_p
                       {"user_id": "dv2", "token": TOKEN, "op": "remove", "at": 1100.0}])
         proc = pipe.start()
         wait_until(lambda: "Worker ready" in pipe.log() or proc.poll() is not None, 60, 0.1, "the worker ready")
-        pipe.events([push("dv:1", "dv1"), push("dv:2", "dv2")])
+        pipe.events([push_event("dv:1", "dv1"), push_event("dv:2", "dv2")])
         rows = pipe.wait_rows(lambda r: ("dv:1", "dv1", "push") in r and ("dv:2", "dv2", "push") in r
                               and r[("dv:2", "dv2", "push")]["status"] != "PENDING", 60, "both pushes decided")
         assert rows[("dv:1", "dv1", "push")]["status"] in ("ACCEPTED", "DELIVERED")

@@ -5,37 +5,17 @@ token gets one call on each; a token answering Unregistered is removed and the
 other stays; the record says what the deliveries add up to and the outcome
 stream shows each delivery."""
 
-import sqlite3
-
 import orjson
 
 from pipeline.ids import delivery_id, device_delivery_id
 from tests.faults.drill import Sims
-from tests.pipeline.harness import Pipeline
+from tests.pipeline.harness import Pipeline, push_event
 from tests.transport.helpers import wait_until
 
 APNS_OK = "a1" * 32
 FCM_OK = "fcm-ok-" + "f" * 40
 FCM_GONE = "gone-" + "e" * 40  # the FCM simulator answers 404 UNREGISTERED
 APNS_GONE = "gone" + "b" * 60  # the APNs simulator answers 410 Unregistered
-DONE = ("ACCEPTED", "DELIVERED", "FAILED", "FILTERED", "UNDELIVERED", "REVIEW")
-
-
-def push(biz: str, user: str) -> dict:
-    return {"biz_key": biz, "category": "transaction", "template": "order_shipped", "recipients": [user],
-            "channels": ["push"], "params": {"order_no": "1", "carrier": "UPS", "tracking_no": "1Z",
-                                             "tracking_url": "https://t.example/x"}}
-
-
-def device_rows(pipe: Pipeline) -> dict[str, dict]:
-    con = sqlite3.connect(f"file:{pipe.db}?mode=ro", uri=True, timeout=5)
-    con.row_factory = sqlite3.Row
-    try:
-        return {r["delivery_id"]: dict(r) for r in con.execute("SELECT * FROM device_deliveries")}
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        con.close()
 
 
 def outcomes(pipe: Pipeline, r) -> list[dict]:
@@ -62,9 +42,9 @@ def test_a_push_reaches_every_device_and_a_dead_token_goes_alone(redis_url, redi
         ])
         proc = pipe.start()
         wait_until(lambda: "Worker ready" in pipe.log() or proc.poll() is not None, 60, 0.1, "the worker ready")
-        pipe.events([push("pd:1", "pd1"), push("pd:2", "pd2"), push("pd:3", "pd3"), push("pd:6", "pd6")])
+        pipe.events([push_event(f"pd:{u[-1]}", u) for u in ("pd1", "pd2", "pd3", "pd6")])
         keys = [("pd:1", "pd1", "push"), ("pd:2", "pd2", "push"), ("pd:3", "pd3", "push"), ("pd:6", "pd6", "push")]
-        rows = pipe.wait_rows(lambda r: all(r.get(k, {}).get("status") in DONE for k in keys), 60, "all decided")
+        rows = pipe.wait_decided(keys)
 
         # one provider call on each device, each with its own idempotency key
         rec = {u: delivery_id(f"pd:{u[-1]}", u, "push") for u in ("pd1", "pd2", "pd3")}
@@ -88,7 +68,7 @@ def test_a_push_reaches_every_device_and_a_dead_token_goes_alone(redis_url, redi
         assert (rows[keys[2]]["status"], rows[keys[2]]["reason"]) == ("FAILED", "bad_token")
         assert all(rows[k]["delivery_id"] == rec[k[1]] for k in keys[:3])
         # ... with each device's delivery beside it
-        devs = {d: v for d, v in device_rows(pipe).items() if v["record_id"] != r6}
+        devs = {d: v for d, v in pipe.device_rows().items() if v["record_id"] != r6}
         assert {d: (v["record_id"], v["status"], v["reason"], v["provider"], v["devices"]) for d, v in devs.items()} == {
             dev[("pd1", "apns")]: (rec["pd1"], "ACCEPTED", None, "apns", 2),
             dev[("pd1", "fcm")]: (rec["pd1"], "ACCEPTED", None, "fcm", 2),
@@ -107,9 +87,8 @@ def test_a_push_reaches_every_device_and_a_dead_token_goes_alone(redis_url, redi
         # the dead FCM token was removed, the APNs one of the same user stays: the next
         # push goes to the phone only (pd3 has no device left: unreachable)
         wait_until(lambda: pipe.committed("notify.devices") >= 18 + 3, 30, 0.2, "the removals applied")
-        pipe.events([push("pd:4", "pd2"), push("pd:5", "pd3")], after_users=False)
-        rows = pipe.wait_rows(lambda r: all(r.get(k, {}).get("status") in DONE
-                                            for k in (("pd:4", "pd2", "push"), ("pd:5", "pd3", "push"))), 60, "decided")
+        pipe.events([push_event("pd:4", "pd2"), push_event("pd:5", "pd3")], after_users=False)
+        rows = pipe.wait_decided([("pd:4", "pd2", "push"), ("pd:5", "pd3", "push")], 60, "decided")
         assert rows[("pd:4", "pd2", "push")]["status"] == "ACCEPTED"
         assert (rows[("pd:5", "pd3", "push")]["status"], rows[("pd:5", "pd3", "push")]["reason"]) == \
             ("FILTERED", "unreachable")

@@ -5,34 +5,14 @@ called). A user with an HMS device gets the push through the hms provider; a use
 with an APNs phone and an HMS token Push Kit calls invalid (80300007) gets it on the
 phone, the HMS token is removed and the next push goes to the phone alone."""
 
-import sqlite3
-
 from pipeline.ids import delivery_id, device_delivery_id
 from tests.faults.drill import Sims
-from tests.pipeline.harness import Pipeline
+from tests.pipeline.harness import Pipeline, push_event
 from tests.transport.helpers import wait_until
 
 HMS_OK = "IQAAAACy0kYkAAAuVRy1Bq-" + "h" * 40
 HMS_BAD = "bad-" + "d" * 40  # the simulator answers 80300007 (every token invalid)
 APNS_OK = "c3" * 32
-DONE = ("ACCEPTED", "DELIVERED", "FAILED", "FILTERED", "UNDELIVERED", "REVIEW")
-
-
-def push(biz: str, user: str) -> dict:
-    return {"biz_key": biz, "category": "transaction", "template": "order_shipped", "recipients": [user],
-            "channels": ["push"], "params": {"order_no": "1", "carrier": "UPS", "tracking_no": "1Z",
-                                             "tracking_url": "https://t.example/x"}}
-
-
-def device_rows(pipe: Pipeline) -> dict[str, dict]:
-    con = sqlite3.connect(f"file:{pipe.db}?mode=ro", uri=True, timeout=5)
-    con.row_factory = sqlite3.Row
-    try:
-        return {r["delivery_id"]: dict(r) for r in con.execute("SELECT * FROM device_deliveries")}
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        con.close()
 
 
 def test_an_hms_device_gets_its_push_through_push_kit(redis_url, tmp_path):
@@ -46,9 +26,9 @@ def test_an_hms_device_gets_its_push_through_push_kit(redis_url, tmp_path):
         ])
         proc = pipe.start()
         wait_until(lambda: "Worker ready" in pipe.log() or proc.poll() is not None, 60, 0.1, "the worker ready")
-        pipe.events([push("hm:1", "hm1"), push("hm:2", "hm2")])
+        pipe.events([push_event("hm:1", "hm1"), push_event("hm:2", "hm2")])
         keys = [("hm:1", "hm1", "push"), ("hm:2", "hm2", "push")]
-        rows = pipe.wait_rows(lambda r: all(r.get(k, {}).get("status") in DONE for k in keys), 60, "all decided")
+        rows = pipe.wait_decided(keys)
 
         rec = {u: delivery_id(f"hm:{u[-1]}", u, "push") for u in ("hm1", "hm2")}
         dev = {(u, p): device_delivery_id(rec[u], p, t) for u, p, t in (
@@ -60,7 +40,7 @@ def test_an_hms_device_gets_its_push_through_push_kit(redis_url, tmp_path):
         assert {r["to"] for r in sims.ledger() if r.get("op") == "send" and r["sim"] == "hms"} == {HMS_OK, HMS_BAD}
         assert (rows[keys[0]]["status"], rows[keys[0]]["provider"]) == ("ACCEPTED", "hms")
         assert rows[keys[1]]["status"] == "ACCEPTED"
-        devs = device_rows(pipe)
+        devs = pipe.device_rows()
         assert {d: (v["status"], v["reason"], v["provider"]) for d, v in devs.items()} == {
             dev[("hm1", "hms")]: ("ACCEPTED", None, "hms"),
             dev[("hm2", "apns")]: ("ACCEPTED", None, "apns"),
@@ -69,8 +49,8 @@ def test_an_hms_device_gets_its_push_through_push_kit(redis_url, tmp_path):
 
         # Push Kit said the token is invalid: it is removed, the phone stays
         wait_until(lambda: pipe.committed("notify.devices") >= 3 + 1, 30, 0.2, "the removal applied")
-        pipe.events([push("hm:3", "hm2")], after_users=False)
-        rows = pipe.wait_rows(lambda r: r.get(("hm:3", "hm2", "push"), {}).get("status") in DONE, 60, "decided")
+        pipe.events([push_event("hm:3", "hm2")], after_users=False)
+        rows = pipe.wait_decided([("hm:3", "hm2", "push")], 60, "decided")
         assert rows[("hm:3", "hm2", "push")]["status"] == "ACCEPTED"
         r3 = delivery_id("hm:3", "hm2", "push")
         later = [(r["sim"], r["key"]) for r in sims.ledger() if r.get("op") == "send" and r["key"].startswith(r3)]
