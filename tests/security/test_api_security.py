@@ -27,7 +27,7 @@ from tests.api.conftest import TWILIO_TOKEN, VENDOR_SECRET
 OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/v1/status.json"),
                ("GET", "/v1/openapi.json")}
 SIGNED_ROUTES = {("POST", "/v1/receipts/{provider}")}
-SAMPLE = {"id": "u1", "token": "tok1", "provider": "twilio"}
+SAMPLE = {"id": "u1", "token": "tok1", "provider": "twilio", "name": "ship-v2"}
 
 
 def routes(app: web.Application):
