@@ -15,6 +15,19 @@ log = logging.getLogger("notify.backpressure")
 #: the throttle's state in this worker, and the age it was decided on
 state = {"on": False, "age": 0.0}
 _sampler: Optional[Any] = None
+_side: Optional[Any] = None
+
+
+async def side_client() -> Any:
+    """A small connection pool of this worker's own for its periodic reads (this
+    module's lag, agents/releases.py): never the transport's client, whose
+    commands at start-up widen the window of a seek (agents/callbacks.py)."""
+    global _side
+    if _side is None:
+        from pipeline.transport.client import connect
+
+        _side = await connect([app.transport.broker_url], pool_size=2)
+    return _side
 
 
 def on() -> bool:
@@ -30,8 +43,7 @@ async def watch() -> None:
     if _sampler is None:
         from pipeline.api.metrics_lag import LagSampler
 
-        _sampler = LagSampler(await app.transport.client(), app.transport.keys, settings.partitions,
-                              min_interval=0.0)
+        _sampler = LagSampler(await side_client(), app.transport.keys, settings.partitions, min_interval=0.0)
     snap = await _sampler.snapshot(force=True)
     if not snap.ok:
         return  # the broker is away: keep the last decision

@@ -10,6 +10,8 @@ from pipeline.app import app, settings
 from pipeline.rules.release import Release, parse_release
 from config.settings import CHANNELS
 
+from .pressure import side_client
+
 log = logging.getLogger("notify.releases")
 
 #: what the guard uses now
@@ -34,6 +36,6 @@ def merged(config: tuple[Release, ...], raw: dict) -> tuple[Release, ...]:
 
 @app.timer(2.0)
 async def refresh() -> None:
-    client = await app.transport.client()
+    client = await side_client()
     raw = await client.hgetall(app.transport.keys.releases)
     current["releases"] = merged(tuple(settings.releases), raw)

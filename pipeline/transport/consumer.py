@@ -113,8 +113,6 @@ class Consumer(FastDrain, base.Consumer):
         self._hw: dict[TP, int] = {}
         self._epoch = 0
         self._generation = 0
-        #: seeks in progress: no read is taken while positions are being set
-        self._seeking = 0
         self._key_tp: dict[bytes, TP] = {}  # stream key -> partition (replies)
         self._tp_key: dict[TP, str] = {}  # partition -> stream key (reads)
         self._rebalance_wanted = asyncio.Event()
@@ -359,20 +357,8 @@ class Consumer(FastDrain, base.Consumer):
             return {}
         # the batch being delivered is stale from now on, not only once the offsets
         # are read: what the drain delivered while this awaited was delivered again
-        # from the committed offsets (a bad entry dead-lettered twice at start-up).
-        # And no read is taken until the positions are set: a read started and
-        # finished while this awaited carried the new epoch, from the old positions
-        # (or from 0 after a rebalance), and was delivered, then read again from the
-        # committed offsets (any other command on the shared client widened the window)
+        # from the committed offsets (a bad entry dead-lettered twice at start-up)
         self._epoch += 1
-        self._seeking += 1
-        try:
-            return await self._seek_committed(tps)
-        finally:
-            self._seeking -= 1
-            self._epoch += 1
-
-    async def _seek_committed(self, tps: list) -> dict[TP, int]:
         keys = self.transport.keys
         client = await self.transport.client()
         fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
@@ -391,6 +377,7 @@ class Consumer(FastDrain, base.Consumer):
                 self._pos[tp] = result[tp] = int(c)
             # what was delivered past the new position is delivered again
             self._read_offset[tp] = self._pos[tp] or None
+        self._epoch += 1
         return result
 
     async def _handed_over(self, client: Any, tps: list, fields: list, committed: list) -> list:
@@ -505,9 +492,6 @@ class Consumer(FastDrain, base.Consumer):
         if not tps:  # every partition of this lane paused (or none assigned)
             await self._wait_resumed(min(timeout, 0.2))
             return {}
-        if self._seeking:  # positions being set: read once they are
-            await asyncio.sleep(0.005)
-            return {}
         keys = self.transport.keys
         pos = self._pos
         tp_key = self._tp_key
@@ -534,7 +518,7 @@ class Consumer(FastDrain, base.Consumer):
             log.warning("read failed (%s); reconnecting", exc)
             await asyncio.sleep(0.5)
             return {}
-        if epoch != self._epoch or generation != self._generation or self._seeking or not resp:
+        if epoch != self._epoch or generation != self._generation or not resp:
             return {}  # a seek or rebalance happened meanwhile: this batch is stale
         out: dict[TP, list] = {}
         key_tp = self._key_tp
