@@ -129,21 +129,22 @@ def raise_fd_limit(need: int) -> None:
         print(f"warning: at most {want} open files (need ~{need}): connections may fail", flush=True)
 
 
-def start_api(tmp: Path, log):
-    """The embedded server and ``python -m pipeline.cli api`` (as ``notify run`` starts it)."""
+def start_api(tmp: Path, log, key: str = KEY, log_name: str = "api-bench.log"):
+    """The embedded server and ``python -m pipeline.cli api`` (as ``notify run`` starts it),
+    listening; ``key`` is its bootstrap key. Returns (server, API process, base URL)."""
     from pipeline.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
     port = free_port()
-    env = dict(os.environ, NOTIFY_BROKER=server.url, NOTIFY_API_KEY=KEY, NOTIFY_DATA_DIR=str(tmp / "data"),
+    env = dict(os.environ, NOTIFY_BROKER=server.url, NOTIFY_API_KEY=key, NOTIFY_DATA_DIR=str(tmp / "data"),
                NOTIFY_DB=str(tmp / "records.db"), NOTIFY_PARTITIONS=str(PARTITIONS), PYTHONPATH=str(ROOT))
     OUT.mkdir(parents=True, exist_ok=True)
     api = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "api", "--port", str(port)], cwd=str(ROOT),
-                           env=env, stdout=open(OUT / "api-bench.log", "w"), stderr=subprocess.STDOUT)
+                           env=env, stdout=open(OUT / log_name, "w"), stderr=subprocess.STDOUT)
 
     def listening() -> bool:
         if api.poll() is not None:
-            raise RuntimeError(f"the API exited with {api.returncode}; see bench/out/api-bench.log")
+            raise RuntimeError(f"the API exited with {api.returncode}; see bench/out/{log_name}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return True

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e import PARTITIONS, cpu_seconds, machine_busy, stop_process, wait  # noqa: E402
+from bench.api import start_api  # noqa: E402
+from bench.e2e import cpu_seconds, machine_busy, stop_process  # noqa: E402
 from bench.otp import pct  # noqa: E402
-from pipeline.embedded import EmbeddedRedis  # noqa: E402
 
 KEY = "bench-ingest-key-0123456789abcdef"
 WARMUP_S = 1.0
@@ -105,34 +103,12 @@ async def load(url: str, run: Run, seconds: float) -> None:
     run.statuses = statuses
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(runs: list[Run], seconds: float, log=print) -> None:
     with tempfile.TemporaryDirectory(prefix="notify-ingest-") as tmpdir:
         tmp = Path(tmpdir)
-        server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
-        port = free_port()
-        env = dict(os.environ, NOTIFY_BROKER=server.url, NOTIFY_API_KEY=KEY, NOTIFY_DATA_DIR=str(tmp / "data"),
-                   NOTIFY_DB=str(tmp / "records.db"), NOTIFY_PARTITIONS=str(PARTITIONS), PYTHONPATH=str(ROOT))
-        OUT.mkdir(parents=True, exist_ok=True)
-        api = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "api", "--port", str(port)], cwd=str(ROOT),
-                               env=env, stdout=open(OUT / "ingest-api.log", "w"), stderr=subprocess.STDOUT)
+        server, api, base = start_api(tmp, log, key=KEY, log_name="ingest-api.log")
         try:
-            def healthy() -> bool:
-                if api.poll() is not None:
-                    raise RuntimeError(f"the API exited with {api.returncode}; see bench/out/ingest-api.log")
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                        return True
-                except OSError:
-                    return False
-
-            wait(healthy, 60, "the API to listen")
-            url = f"http://127.0.0.1:{port}/v1/events"
+            url = f"{base}/v1/events"
             pids = {"api": api.pid, "redis": server.proc.pid, "load generator": os.getpid()}
             for run in runs:
                 c0 = {k: cpu_seconds(v) for k, v in pids.items()}
