@@ -59,7 +59,7 @@ import jwt
 import orjson
 
 from pipeline.models import AttemptResult, Delivery, Priority
-from pipeline.rules.validate import PUSH_PLATFORMS
+from pipeline.parsers.events import PUSH_PLATFORMS
 
 from ._http import exception_result, response_json
 from ._token import TokenProvider

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pipeline.models import AttemptResult, Delivery
-from pipeline.rules.validate import address_ok
+from pipeline.parsers.events import address_ok
 
 from .base import Fault, PermanentKind, Provider, QueryResult, QueryStatus, SendResult
 from .resilience.breaker import CircuitBreaker, counts_as_success
@@ -83,7 +83,7 @@ class Dispatcher:
         order = self._order(delivery)
         rnd = SendRound()
         if not address_ok(delivery.channel, delivery.address or ""):
-            # the same check as at the door (pipeline/rules/validate.py): an address that
+            # the same check as at the door (pipeline/parsers/events.py): an address that
             # fails it (stored before the check was tightened, written straight to a
             # topic) is refused here, before any provider sees it, and for good: no
             # retry or failover makes it an address

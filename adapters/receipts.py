@@ -60,8 +60,8 @@ from urllib.parse import parse_qs, parse_qsl, urlsplit, urlunsplit
 import orjson
 
 from pipeline.models import Receipt
-from pipeline.rules.validate import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
-from pipeline.rules.validate import id_problem
+from pipeline.parsers.events import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
+from pipeline.parsers.events import id_problem
 
 from .base import header as _header
 

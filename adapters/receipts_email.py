@@ -55,8 +55,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.serialization import load_der_public_key, load_pem_public_key
 
 from pipeline.models import Receipt
-from pipeline.rules.validate import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
-from pipeline.rules.validate import id_problem
+from pipeline.parsers.events import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
+from pipeline.parsers.events import id_problem
 
 from .receipts import ReceiptRejected, _iso_time, _unix_time
 

@@ -12,7 +12,7 @@ reads and checks them)::
 
 The defaults ``notify run`` uses (the provider simulators, the in-process fakes) are
 configs of the same shape (:func:`pipeline.layout.simulator_providers`,
-:func:`pipeline.runtime.fake_providers`), built here the same way.
+:func:`pipeline.providers.fake_providers`), built here the same way.
 
 From a plain dict (tests, scripts)::
 

@@ -11,20 +11,50 @@
     releases   (a timer) the gray releases set through the API → the guard
     preferences, devices       → the user tables
 
-A worker runs the agents of its role (``NOTIFY_ROLE``, pipeline/roles.py): all of
-them by default, or the high-priority path apart from the rest.
+Nothing is registered when a module is imported: :func:`register_agents` wires
+the agents of the app's role (pipeline/roles.py) onto an app built by
+``pipeline.app.create_app``, and returns the parts, so a test can call a part
+(``parts.guard.plan_and_send``) on an app it built.
 """
 
-from . import callbacks, expand, guard, lanes, pressure, receipts, releases, scheduler, sink, users  # noqa: F401
-from pipeline import roles, runtime  # noqa: E402
-from pipeline.app import app  # noqa: E402
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["app"]
+from . import callbacks, emit, expand, guard, lanes, pressure, receipts, releases, scheduler, sink, users
 
-for _name in [n for n, a in app.agents.items() if not roles.runs(a.channel.get_topic_name())]:
-    del app.agents[_name]
+__all__ = ["Parts", "register_agents"]
 
 
-@app.on_before_shutdown.connect
-async def _close_runtime(sender, **kwargs) -> None:
-    await runtime.close()
+@dataclass
+class Parts:
+    records: sink.Records
+    emit: emit.Emit
+    pressure: pressure.Pressure
+    releases: releases.Releases
+    callbacks: callbacks.Callbacks
+    guard: guard.Guard
+    expand: expand.Expand
+    lanes: lanes.Lanes
+    receipts: receipts.Receipts
+    scheduler: scheduler.Scheduler
+
+
+def register_agents(app: Any) -> Parts:
+    """Register the agents, timers and tasks of ``app.role`` on ``app`` (once)."""
+    if app.parts is not None:
+        raise RuntimeError("the agents are registered on this app already")
+    records = sink.register(app)
+    out = emit.Emit(app, records)
+    records.on_refused = out.refused_record
+    press = pressure.register(app)
+    rel = releases.register(app)
+    cb = callbacks.register(app)
+    g = guard.register(app, out, press, rel)
+    x = expand.register(app, out, g, cb)
+    ln = lanes.register(app, out)
+    users.register(app)
+    rc = receipts.register(app, out)
+    sch = scheduler.register(app, out, rc)
+    app.parts = Parts(records=records, emit=out, pressure=press, releases=rel, callbacks=cb, guard=g, expand=x,
+                      lanes=ln, receipts=rc, scheduler=sch)
+    return app.parts

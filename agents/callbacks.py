@@ -59,11 +59,9 @@ import orjson
 from prometheus_client import Counter, Gauge, Histogram
 
 from adapters.callbacks import CallbackSender, PostResult
-from pipeline import roles
-from pipeline.api.auth import ProducerCallbacks
-from pipeline.app import app, dlq_topic, settings
 from pipeline.callback_queue import CallbackQueue, Claimed
 from pipeline.entries import guarded_topic, send_dead_letter
+from pipeline.keyfile import ProducerCallbacks
 from pipeline.models import Event, State
 from pipeline.redact import mask_url
 from pipeline.rules import callbacks as rules
@@ -73,14 +71,10 @@ from pipeline.transport.client import TRANSIENT_ERRORS, connect
 
 log = logging.getLogger(__name__)
 
-CFG = settings.callbacks
 #: outcomes the agent takes at once
 TAKE = 500
 #: longest the sender sleeps before looking at the set again (other workers add to it)
 POLL_S = 0.5
-#: a claimed callback is another worker's to take again after this long (a POST takes
-#: at most its connect and read timeouts; one still running then is sent twice: at least once)
-LEASE_S = 3 * CFG.timeout_s + 5
 #: how often the sender refreshes the set's gauges
 GAUGES_S = 2.0
 
@@ -95,45 +89,6 @@ lag_gauge = Gauge("notify_callbacks_lag_seconds",
                   ["stage"])
 delay_hist = Histogram("notify_callbacks_delay_seconds", "From a state change to its callback acknowledged",
                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 86400))
-
-producers = ProducerCallbacks(os.path.join(settings.data_dir, "api_keys.json"),
-                              operator_secret=os.environ.get("NOTIFY_CALLBACK_SECRET"))
-_queue: Optional[CallbackQueue] = None
-_connecting: Optional[asyncio.Future] = None
-_wake = asyncio.Event()
-
-
-async def queue() -> CallbackQueue:
-    """The callback set, through a connection pool of its own: the callbacks' broker
-    traffic never waits for (nor holds) a connection the transport's fetches, commits
-    and changelog writes use. (Sharing the transport's client, a sender polling at
-    start-up made expand handle an entry read before the end of recovery's seek a
-    second time: tests/cli/test_cli.py saw a dead letter twice.)"""
-    global _queue, _connecting
-    if _queue is None:
-        if _connecting is None:
-            _connecting = asyncio.ensure_future(connect([app.transport.broker_url], pool_size=16))
-        try:
-            client = await asyncio.shield(_connecting)
-        except BaseException:
-            _connecting = None
-            raise
-        if _queue is None:
-            _queue = CallbackQueue(client, app.transport.keys.ns)
-    return _queue
-
-
-async def remember(ev: Event) -> None:
-    """An event's own callback URL, for the outcomes to come (expand, before it plans
-    the event): kept ``target_ttl_s`` past its ``send_at``."""
-    if not ev.callback_url or not CFG.enabled:
-        return
-    ahead = max(0.0, (ev.send_at or 0.0) - time.time())
-    await (await queue()).remember(ev.producer, ev.biz_key, ev.callback_url, CFG.target_ttl_s + ahead)
-
-
-# ---------------------------------------------------------------- the agent
-
 
 async def _patiently(op: Callable[[], Awaitable[Any]], what: str) -> Any:
     """``op()``, tried again while the broker is unreachable: the agent waits (its
@@ -165,59 +120,6 @@ def _outcome(value: Any) -> Optional[dict]:
     return o
 
 
-async def on_outcomes(events: list) -> int:
-    """One take of outcome entries → their changes in the callback set. Returns how
-    many changes were added."""
-    items = []
-    for ev in events:
-        o = _outcome(ev.value)
-        if o is None:  # skipped, as `notify records replay` skips it: the outcome stream is the analysts'
-            skipped_total.inc()
-            msg = ev.message
-            log.warning("callbacks: %s[%s]@%s is not an outcome; skipped", msg.topic, msg.partition, msg.offset)
-            continue
-        items.append(o)
-    if not items:
-        return 0
-    newest = max((o.get("at") for o in items if isinstance(o.get("at"), (int, float))), default=None)
-    if newest is not None:
-        lag_gauge.labels("read").set(max(0.0, time.time() - newest))
-    q = await queue()
-    keys = list(dict.fromkeys((o.get("producer") or "", o["biz_key"]) for o in items))
-    urls = await _patiently(lambda: q.targets(keys), "read the events' callback targets")
-    own = dict(zip(keys, urls))
-    pairs = []
-    for o in items:
-        producer = o.get("producer") or ""
-        url = own.get((producer, o["biz_key"])) or producers.default_url(producer)
-        if url:
-            pairs.append((o, url))
-    if not pairs:
-        return 0
-    batches = rules.group(pairs, CFG.max_batch)
-    await _patiently(lambda: q.enqueue(batches, CFG.max_batch), "add callbacks")
-    _wake.set()
-    return sum(len(b.changes) for b in batches)
-
-
-async def callbacks(stream):
-    async for events in take_ready(stream, TAKE):
-        try:
-            await on_outcomes(events)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a bug must not stop the agent: the take is dead-lettered
-            log.exception("callbacks: a take of %d outcomes failed; they are dead-lettered", len(events))
-            for ev in events:
-                msg = ev.message
-                await send_dead_letter(dlq_topic, msg.topic, "agent_error", msg.value,
-                                       detail=f"callbacks: {type(exc).__name__}: {exc}", key=msg.key,
-                                       partition=msg.partition, offset=msg.offset)
-
-
-# ---------------------------------------------------------------- the sender
-
-
 def _host(url: str) -> str:
     try:
         return (urlsplit(url).hostname or "").lower()
@@ -225,108 +127,204 @@ def _host(url: str) -> str:
         return ""
 
 
-async def post_one(q: CallbackQueue, sender: CallbackSender, c: Claimed) -> PostResult:
-    """POST one claimed callback and record what came of it."""
-    if not c.changes:
-        await q.done(c)
-        return PostResult(True)
-    body, ids = rules.body(c.producer, c.biz_key, c.changes.values())
-    secrets = producers.secrets(c.producer)
-    if not secrets:
-        res = PostResult(False, permanent=True,
-                         error=f"no_secret: producer {c.producer or '(operator)'} has no callback secret")
-    else:
-        res = await sender.post(c.url, rules.message_id(ids), body, secrets)
-    now = time.time()
-    try:
-        if res.ok:
-            await q.done(c)
-            sent_total.inc(len(ids))
-            for data in c.changes.values():
-                at = orjson.loads(data).get("at")
-                if isinstance(at, (int, float)):
-                    delay_hist.observe(max(0.0, now - at))
-            return res
-        r = rules.after_failure(c.attempts + 1, c.since or now, now, base_s=CFG.base_delay_s, max_s=CFG.max_delay_s,
-                                retry_for_s=CFG.retry_for_s, retry_after=res.retry_after, permanent=res.permanent,
-                                error=res.error)
-        if r.give_up:
-            await q.give_up(c, r.reason, now)
-            failed_total.labels(r.reason.split(":", 1)[0]).inc(len(ids))
-            log.warning("callback %s to %s for %s/%s given up after %d tries: %s", c.id, mask_url(c.url),
-                        c.producer, c.biz_key, c.attempts + 1, r.reason)
-        else:
-            await q.retry(c, r.at, res.error, now)
-            retries_total.inc()
-    except TRANSIENT_ERRORS as exc:  # its lease ends and it is POSTed again (at least once)
-        log.warning("callback %s: could not record the try's result: %s", c.id, exc)
-    return res
+class Callbacks:
+    """The callbacks agent and sender of one app."""
 
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.cfg = cfg = app.settings.callbacks
+        self.producers = ProducerCallbacks(os.path.join(app.settings.data_dir, "api_keys.json"),
+                                           operator_secret=app.settings.env.callback_secret)
+        #: a claimed callback is another worker's to take again after this long (a POST takes
+        #: at most its connect and read timeouts; one still running then is sent twice: at least once)
+        self.lease_s = 3 * cfg.timeout_s + 5
+        self._queue: Optional[CallbackQueue] = None
+        self._connecting: Optional[asyncio.Future] = None
+        self._wake = asyncio.Event()
 
-async def run_sender() -> None:
-    """Claim due callbacks and POST them, for as long as the worker runs."""
-    q = await queue()
-    sender = CallbackSender(allow=CFG.allow, timeout=CFG.timeout_s, max_connections=CFG.concurrency)
-    if CFG.allow:
-        log.warning("callback targets allowed besides public addresses: %s", ", ".join(CFG.allow))
-    tasks: set[asyncio.Task] = set()
-    hosts: Tally = Tally()
-    per_host = max(1, CFG.concurrency // 4)
-    gauges_at = 0.0
-
-    def finished(task: asyncio.Task, host: str) -> None:
-        tasks.discard(task)
-        hosts[host] -= 1
-        _wake.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("callbacks: a POST task failed", exc_info=task.exception())
-
-    try:
-        while True:
+    async def queue(self) -> CallbackQueue:
+        """The callback set, through a connection pool of its own: the callbacks' broker
+        traffic never waits for (nor holds) a connection the transport's fetches, commits
+        and changelog writes use. (Sharing the transport's client, a sender polling at
+        start-up made expand handle an entry read before the end of recovery's seek a
+        second time: tests/cli/test_cli.py saw a dead letter twice.)"""
+        if self._queue is None:
+            if self._connecting is None:
+                self._connecting = asyncio.ensure_future(connect([self.app.transport.broker_url], pool_size=16))
             try:
-                free = CFG.concurrency - len(tasks)
-                got = await q.claim(free, LEASE_S) if free > 0 else []
-                started = 0
-                for c in got:
-                    host = _host(c.url)
-                    if hosts[host] >= per_host:  # this host has its share in flight: the others go first
-                        await q.release(c, time.time() + 0.2)
-                        continue
-                    hosts[host] += 1
-                    started += 1
-                    t = asyncio.ensure_future(post_one(q, sender, c))
-                    tasks.add(t)
-                    t.add_done_callback(lambda t, h=host: finished(t, h))
-                now = time.time()
-                if now - gauges_at >= GAUGES_S:
-                    gauges_at = now
-                    total, later, lag = await q.gauges(now)
-                    pending_gauge.set(total)
-                    retrying_gauge.set(later)
-                    lag_gauge.labels("send").set(lag)
-                if got and started == len(got) == free:  # a full claim, all started: there may be more
-                    await asyncio.sleep(0)
-                    continue
-                nxt = await q.next_due()
-                wait = POLL_S if nxt is None else min(POLL_S, max(0.001, nxt - time.time()))
-                _wake.clear()
-                try:
-                    await asyncio.wait_for(_wake.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+                client = await asyncio.shield(self._connecting)
+            except BaseException:
+                self._connecting = None
+                raise
+            if self._queue is None:
+                self._queue = CallbackQueue(client, self.app.transport.keys.ns)
+        return self._queue
+
+    async def remember(self, ev: Event) -> None:
+        """An event's own callback URL, for the outcomes to come (expand, before it plans
+        the event): kept ``target_ttl_s`` past its ``send_at``."""
+        if not ev.callback_url or not self.cfg.enabled:
+            return
+        ahead = max(0.0, (ev.send_at or 0.0) - time.time())
+        await (await self.queue()).remember(ev.producer, ev.biz_key, ev.callback_url, self.cfg.target_ttl_s + ahead)
+
+    # ---------------------------------------------------------------- the agent
+
+    async def on_outcomes(self, events: list) -> int:
+        """One take of outcome entries → their changes in the callback set. Returns how
+        many changes were added."""
+        items = []
+        for ev in events:
+            o = _outcome(ev.value)
+            if o is None:  # skipped, as `notify records replay` skips it: the outcome stream is the analysts'
+                skipped_total.inc()
+                msg = ev.message
+                log.warning("callbacks: %s[%s]@%s is not an outcome; skipped", msg.topic, msg.partition, msg.offset)
+                continue
+            items.append(o)
+        if not items:
+            return 0
+        newest = max((o.get("at") for o in items if isinstance(o.get("at"), (int, float))), default=None)
+        if newest is not None:
+            lag_gauge.labels("read").set(max(0.0, time.time() - newest))
+        q = await self.queue()
+        keys = list(dict.fromkeys((o.get("producer") or "", o["biz_key"]) for o in items))
+        urls = await _patiently(lambda: q.targets(keys), "read the events' callback targets")
+        own = dict(zip(keys, urls))
+        pairs = []
+        for o in items:
+            producer = o.get("producer") or ""
+            url = own.get((producer, o["biz_key"])) or self.producers.default_url(producer)
+            if url:
+                pairs.append((o, url))
+        if not pairs:
+            return 0
+        batches = rules.group(pairs, self.cfg.max_batch)
+        await _patiently(lambda: q.enqueue(batches, self.cfg.max_batch), "add callbacks")
+        self._wake.set()
+        return sum(len(b.changes) for b in batches)
+
+    async def callbacks(self, stream):
+        async for events in take_ready(stream, TAKE):
+            try:
+                await self.on_outcomes(events)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - the loop must outlive a bad pass (the broker away)
-                log.warning("callbacks: sender pass failed (%s: %s); trying again", type(exc).__name__, exc)
-                await asyncio.sleep(1.0)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await sender.close()
+            except Exception as exc:  # noqa: BLE001 - a bug must not stop the agent: the take is dead-lettered
+                log.exception("callbacks: a take of %d outcomes failed; they are dead-lettered", len(events))
+                for ev in events:
+                    msg = ev.message
+                    await send_dead_letter(self.app.declared.dlq, msg.topic, "agent_error", msg.value,
+                                           detail=f"callbacks: {type(exc).__name__}: {exc}", key=msg.key,
+                                           partition=msg.partition, offset=msg.offset)
+
+    # ---------------------------------------------------------------- the sender
+
+    async def post_one(self, q: CallbackQueue, sender: CallbackSender, c: Claimed) -> PostResult:
+        """POST one claimed callback and record what came of it."""
+        if not c.changes:
+            await q.done(c)
+            return PostResult(True)
+        body, ids = rules.body(c.producer, c.biz_key, c.changes.values())
+        secrets = self.producers.secrets(c.producer)
+        if not secrets:
+            res = PostResult(False, permanent=True,
+                             error=f"no_secret: producer {c.producer or '(operator)'} has no callback secret")
+        else:
+            res = await sender.post(c.url, rules.message_id(ids), body, secrets)
+        now = time.time()
+        try:
+            if res.ok:
+                await q.done(c)
+                sent_total.inc(len(ids))
+                for data in c.changes.values():
+                    at = orjson.loads(data).get("at")
+                    if isinstance(at, (int, float)):
+                        delay_hist.observe(max(0.0, now - at))
+                return res
+            r = rules.after_failure(c.attempts + 1, c.since or now, now, base_s=self.cfg.base_delay_s, max_s=self.cfg.max_delay_s,
+                                    retry_for_s=self.cfg.retry_for_s, retry_after=res.retry_after, permanent=res.permanent,
+                                    error=res.error)
+            if r.give_up:
+                await q.give_up(c, r.reason, now)
+                failed_total.labels(r.reason.split(":", 1)[0]).inc(len(ids))
+                log.warning("callback %s to %s for %s/%s given up after %d tries: %s", c.id, mask_url(c.url),
+                            c.producer, c.biz_key, c.attempts + 1, r.reason)
+            else:
+                await q.retry(c, r.at, res.error, now)
+                retries_total.inc()
+        except TRANSIENT_ERRORS as exc:  # its lease ends and it is POSTed again (at least once)
+            log.warning("callback %s: could not record the try's result: %s", c.id, exc)
+        return res
+
+    async def run_sender(self) -> None:
+        """Claim due callbacks and POST them, for as long as the worker runs."""
+        q = await self.queue()
+        sender = CallbackSender(allow=self.cfg.allow, timeout=self.cfg.timeout_s, max_connections=self.cfg.concurrency)
+        if self.cfg.allow:
+            log.warning("callback targets allowed besides public addresses: %s", ", ".join(self.cfg.allow))
+        tasks: set[asyncio.Task] = set()
+        hosts: Tally = Tally()
+        per_host = max(1, self.cfg.concurrency // 4)
+        gauges_at = 0.0
+
+        def finished(task: asyncio.Task, host: str) -> None:
+            tasks.discard(task)
+            hosts[host] -= 1
+            self._wake.set()
+            if not task.cancelled() and task.exception() is not None:
+                log.error("callbacks: a POST task failed", exc_info=task.exception())
+
+        try:
+            while True:
+                try:
+                    free = self.cfg.concurrency - len(tasks)
+                    got = await q.claim(free, self.lease_s) if free > 0 else []
+                    started = 0
+                    for c in got:
+                        host = _host(c.url)
+                        if hosts[host] >= per_host:  # this host has its share in flight: the others go first
+                            await q.release(c, time.time() + 0.2)
+                            continue
+                        hosts[host] += 1
+                        started += 1
+                        t = asyncio.ensure_future(self.post_one(q, sender, c))
+                        tasks.add(t)
+                        t.add_done_callback(lambda t, h=host: finished(t, h))
+                    now = time.time()
+                    if now - gauges_at >= GAUGES_S:
+                        gauges_at = now
+                        total, later, lag = await q.gauges(now)
+                        pending_gauge.set(total)
+                        retrying_gauge.set(later)
+                        lag_gauge.labels("send").set(lag)
+                    if got and started == len(got) == free:  # a full claim, all started: there may be more
+                        await asyncio.sleep(0)
+                        continue
+                    nxt = await q.next_due()
+                    wait = POLL_S if nxt is None else min(POLL_S, max(0.001, nxt - time.time()))
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the loop must outlive a bad pass (the broker away)
+                    log.warning("callbacks: sender pass failed (%s: %s); trying again", type(exc).__name__, exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await sender.close()
 
 
-if CFG.enabled:
-    outcomes_raw = guarded_topic(app, OUTCOMES, dlq=dlq_topic)
-    app.agent(outcomes_raw, name="callbacks")(callbacks)
-    if roles.runs(OUTCOMES):  # where the agent runs (pipeline/roles.py)
-        app.task(run_sender)
+def register(app: Any) -> Callbacks:
+    """The callbacks agent (reading notify.outcomes) and its sender, where the role
+    reads that topic (pipeline/roles.py), when ``[callbacks] enabled``."""
+    cb = Callbacks(app)
+    if cb.cfg.enabled and app.runs(OUTCOMES):
+        outcomes_raw = guarded_topic(app, OUTCOMES, dlq=app.declared.dlq)
+        app.agent(outcomes_raw, name="callbacks")(cb.callbacks)
+        app.task(cb.run_sender)
+    return cb

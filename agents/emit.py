@@ -3,53 +3,62 @@
 from typing import Any, Iterable, Optional
 
 from pipeline import clock, metrics
-from pipeline.app import app, dlq_topic, lane_topics, outcomes_topic, timers_topic
 from pipeline.entries import send_dead_letter
 from pipeline.models import Delivery, Outcome, Timer
 from pipeline.rules.slo import first_terminal
 
-from .sink import records
+__all__ = ["Emit"]
 
 
-async def send(topic: Any, key: str, value: Any) -> None:
-    """``await topic.send(key=key, value=value)`` for a topic keyed by text with a
-    record value, handed straight to the producer: the same entry (key UTF-8,
-    value the record's JSON), partitioned and queued by the same producer and
-    written before the next commit (pipeline/transport/producer.py
-    ``send_record``), without Faust's objects per send (message, future
-    message, schema and sensor calls) nor a future for the result, which no
-    sender here awaited. The hops' sends go through here."""
-    await app.producer.send_record(topic.get_topic_name(), key.encode(), value.dumps())
+class Emit:
+    """What every agent of one app sends through: the app's topics, its producer,
+    and its record sink (agents/sink.py) for the outcomes."""
 
+    def __init__(self, app: Any, records: Any) -> None:
+        self.app = app
+        self.records = records
+        t = app.declared
+        self.outcomes_topic, self.timers_topic, self.dlq_topic = t.outcomes, t.timers, t.dlq
+        self.lane_topics = t.lanes
 
-async def outcomes(items: Iterable[Outcome]) -> None:
-    """Publish on notify.outcomes, and write the records (agents/sink.py)."""
-    items = list(items)
-    for o in items:
-        metrics.outcomes.labels(o.state, o.reason or "").inc()
-        if o.latency_ms and first_terminal(o):
-            metrics.to_terminal.labels(o.priority).observe(o.latency_ms / 1000.0)
-        await send(outcomes_topic, o.user_id, o)
-    if items:
-        await records.add(items)
+    async def send(self, topic: Any, key: str, value: Any) -> None:
+        """``await topic.send(key=key, value=value)`` for a topic keyed by text with a
+        record value, handed straight to the producer: the same entry (key UTF-8,
+        value the record's JSON), partitioned and queued by the same producer and
+        written before the next commit (pipeline/transport/producer.py
+        ``send_record``), without Faust's objects per send (message, future
+        message, schema and sensor calls) nor a future for the result, which no
+        sender here awaited. The hops' sends go through here."""
+        await self.app.producer.send_record(topic.get_topic_name(), key.encode(), value.dumps())
 
+    async def outcomes(self, items: Iterable[Outcome]) -> None:
+        """Publish on notify.outcomes, and write the records (agents/sink.py)."""
+        items = list(items)
+        for o in items:
+            metrics.outcomes.labels(o.state, o.reason or "").inc()
+            if o.latency_ms and first_terminal(o):
+                metrics.to_terminal.labels(o.priority).observe(o.latency_ms / 1000.0)
+            await self.send(self.outcomes_topic, o.user_id, o)
+        if items:
+            await self.records.add(items)
 
-async def timer(user_id: str, t: Timer) -> None:
-    await send(timers_topic, user_id, t)
+    async def timer(self, user_id: str, t: Timer) -> None:
+        await self.send(self.timers_topic, user_id, t)
 
+    async def retry(self, d: Delivery) -> None:
+        """Schedule ``d`` on the timer topic for ``d.due_at``."""
+        await self.timer(d.user_id, Timer(timer_id=f"{d.delivery_id}:{d.attempt}:{d.reconcile_round}",
+                                          due_at=d.due_at or clock.now(), kind="delivery", payload=d.asdict()))
 
-async def retry(d: Delivery) -> None:
-    """Schedule ``d`` on the timer topic for ``d.due_at``."""
-    await timer(d.user_id, Timer(timer_id=f"{d.delivery_id}:{d.attempt}:{d.reconcile_round}",
-                                 due_at=d.due_at or clock.now(), kind="delivery", payload=d.asdict()))
+    async def deliver(self, d: Delivery) -> None:
+        await self.send(self.lane_topics[(d.channel, d.priority)], d.user_id, d)
 
+    async def dead_letter(self, source: str, reason: str, payload: bytes | str, *, detail: Optional[str] = None,
+                          key: Any = None, partition: Optional[int] = None, offset: Optional[int] = None) -> None:
+        """Send a dead letter (``partition``/``offset``: where the entry was, if from a stream)."""
+        await send_dead_letter(self.dlq_topic, source, reason, payload, detail=detail, key=key,
+                               partition=partition, offset=offset)
 
-async def deliver(d: Delivery) -> None:
-    await send(lane_topics[(d.channel, d.priority)], d.user_id, d)
-
-
-async def dead_letter(source: str, reason: str, payload: bytes | str, *, detail: Optional[str] = None,
-                      key: Any = None, partition: Optional[int] = None, offset: Optional[int] = None) -> None:
-    """Send a dead letter (``partition``/``offset``: where the entry was, if from a stream)."""
-    await send_dead_letter(dlq_topic, source, reason, payload, detail=detail, key=key, partition=partition,
-                           offset=offset)
+    async def refused_record(self, o: Outcome, why: str) -> None:
+        """An outcome the record store refused: dead-lettered (the sink's ``on_refused``)."""
+        await self.dead_letter("records", "invalid_outcome", o.dumps(), detail=why, key=o.delivery_id)

@@ -18,67 +18,81 @@ runs with expand (every worker of role ``all``; ``main`` for normal and low,
 ``priority`` for high)."""
 
 import time
+from typing import Any
 
 from pipeline import metrics
-from pipeline.fair import turns_for
-from pipeline.app import app, dlq_topic, events_topics, intents_topics, renderer, settings
 from pipeline.entries import contained
+from pipeline.fair import turns_for
 from pipeline.ids import notification_id
 from pipeline.models import Intent
 from pipeline.rules.priority import marked_any
-from pipeline.rules.validate import InvalidEvent, parse_event
+from pipeline.parsers.events import InvalidEvent, parse_event
 
-from . import callbacks, emit
-from .guard import plan_and_send, plans_here
-
-
-async def expand(stream):
-    turn = turns_for(stream)
-    async for event in stream.events():
-        await turn()
-        async with contained(dlq_topic, event, "expand"):
-            await expand_one(event)
+__all__ = ["Expand", "register"]
 
 
-async def expand_one(event) -> None:
-    """One event → its intents, planned here where the guard runs for the user."""
-    metrics.events_in.inc()
-    raw = event.value
-    msg = event.message
-    try:
-        # priority capped by the category, unless the API let it through (a priority:any key)
-        ev = parse_event(raw if isinstance(raw, bytes) else bytes(raw or b""), settings, renderer,
-                         priority_any=marked_any(msg.headers))
-    except InvalidEvent as exc:
-        await emit.dead_letter("expand", exc.reason, raw or b"", detail=str(exc), key=msg.key,
-                               partition=msg.partition, offset=msg.offset)
-        return
-    if ev.callback_url:  # where its outcomes are POSTed (agents/callbacks.py), known before the first one
-        await callbacks.remember(ev)
-    accepted = ev.accepted_at or event.message.timestamp or time.time()
-    priority = ev.priority or settings.category(ev.category).priority
-    out = intents_topics[priority]
-    for i, user in enumerate(ev.recipients):
-        intent = Intent(
-            notification_id=notification_id(ev.biz_key, user, ev.producer),
-            biz_key=ev.biz_key,
-            user_id=user,
-            category=ev.category,
-            template=ev.template,
-            template_version=ev.template_version,
-            priority=priority,
-            params=ev.params,
-            channels=ev.channels,
-            locale=ev.locale,
-            send_at=ev.send_at,
-            accepted_at=accepted,
-            producer=ev.producer,
-        )
-        partition = plans_here(priority, user)
-        if partition is None:
-            await emit.send(out, user, intent)
-        else:  # this worker runs the guard for the user: plan it here
-            await plan_and_send(intent, partition, f"{msg.topic}:{msg.offset}:{i}")
+class Expand:
+    def __init__(self, app: Any, emit: Any, guard: Any, callbacks: Any) -> None:
+        self.app = app
+        self.emit = emit
+        self.guard = guard
+        self.callbacks = callbacks
+
+    async def expand(self, stream):
+        turn = turns_for(stream)
+        dlq = self.app.declared.dlq
+        async for event in stream.events():
+            await turn()
+            async with contained(dlq, event, "expand"):
+                await self.expand_one(event)
+
+    async def expand_one(self, event) -> None:
+        """One event → its intents, planned here where the guard runs for the user."""
+        app, emit, guard = self.app, self.emit, self.guard
+        settings = app.settings
+        metrics.events_in.inc()
+        raw = event.value
+        msg = event.message
+        try:
+            # priority capped by the category, unless the API let it through (a priority:any key)
+            ev = parse_event(raw if isinstance(raw, bytes) else bytes(raw or b""), settings, app.renderer,
+                             priority_any=marked_any(msg.headers))
+        except InvalidEvent as exc:
+            await emit.dead_letter("expand", exc.reason, raw or b"", detail=str(exc), key=msg.key,
+                                   partition=msg.partition, offset=msg.offset)
+            return
+        if ev.callback_url:  # where its outcomes are POSTed (agents/callbacks.py), known before the first one
+            await self.callbacks.remember(ev)
+        accepted = ev.accepted_at or event.message.timestamp or time.time()
+        priority = ev.priority or settings.category(ev.category).priority
+        out = app.declared.intents[priority]
+        for i, user in enumerate(ev.recipients):
+            intent = Intent(
+                notification_id=notification_id(ev.biz_key, user, ev.producer),
+                biz_key=ev.biz_key,
+                user_id=user,
+                category=ev.category,
+                template=ev.template,
+                template_version=ev.template_version,
+                priority=priority,
+                params=ev.params,
+                channels=ev.channels,
+                locale=ev.locale,
+                send_at=ev.send_at,
+                accepted_at=accepted,
+                producer=ev.producer,
+            )
+            partition = guard.plans_here(priority, user)
+            if partition is None:
+                await emit.send(out, user, intent)
+            else:  # this worker runs the guard for the user: plan it here
+                await guard.plan_and_send(intent, partition, f"{msg.topic}:{msg.offset}:{i}")
 
 
-expanders = [app.agent(topic, name=name)(expand) for topic, name in zip(events_topics, ("expand", "expand.high"))]
+def register(app: Any, emit: Any, guard: Any, callbacks: Any) -> Expand:
+    """``expand`` (notify.events) and ``expand.high`` (notify.events.high), by role."""
+    x = Expand(app, emit, guard, callbacks)
+    for topic, name in zip(app.declared.events, ("expand", "expand.high")):
+        if app.runs(topic):
+            app.agent(topic, name=name)(x.expand)
+    return x

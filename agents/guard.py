@@ -15,167 +15,171 @@ made idempotent by the lanes' inflight table.
 """
 
 import logging
-import os
+from datetime import date, timedelta
 from typing import Any, Optional
 
 from pipeline import clock, metrics
-from pipeline.fair import turns_for
-from pipeline.app import app, dlq_topic, intents_topics, renderer, settings
 from pipeline.entries import contained
+from pipeline.fair import turns_for
 from pipeline.models import Intent
 from pipeline.rules.attempts import DONE_STATES
 from pipeline.rules.guard import dedup_expired, window_expired
 from pipeline.rules.plan import plan_intent
+from pipeline.topics import INTENT_TOPICS
 from pipeline.transport import ProducerFenced
-from tables import daily, dedup, devices, inflight, preferences, recent_sends, remember
+from tables import delete, remember
 
-from . import emit, pressure, releases
+__all__ = ["Guard", "register"]
 
 log = logging.getLogger(__name__)
 
-
-async def guard(stream):
-    turn = turns_for(stream)
-    async for event in stream.events():
-        await turn()
-        async with contained(dlq_topic, event, "guard"):
-            await plan_and_send(event.value, event.message.partition, event.message.offset)
-
-
-async def plan_and_send(intent: Intent, partition: int, replay_token: Any) -> None:
-    """Plan ``intent`` against its user's tables (of ``partition``, the user's partition
-    of the user-keyed topics, owned by this worker) and send what the plan says.
-
-    ``replay_token`` identifies the message the intent came from: the intent's offset
-    in notify.intents.<priority>, or, for an intent planned by expand where the event
-    was read (:func:`plans_here`), the event's topic, offset and recipient. A dedup
-    entry written under the same token is this intent's own, read again after a crash."""
-    now = clock.now()
-    replayed = False
-
-    def seen(key: str):
-        nonlocal replayed
-        entry = dedup.get(key)
-        if entry is None:
-            return None
-        if entry[1] == replay_token:
-            replayed = True
-            return None
-        return entry[0]
-
-    def count(key: str) -> int:
-        # .data: a missing key read through the table would be set to its default,
-        # a change for the current event's partition (expand's, not the user's)
-        return 0 if replayed else daily.data.get(key, 0)
-
-    def recent(key: str) -> list:
-        return [] if replayed else (recent_sends.data.get(key) or [])
-
-    plan = plan_intent(
-        intent,
-        settings=settings,
-        renderer=renderer,
-        prefs=preferences.get(intent.user_id),
-        devices=devices.get(intent.user_id),
-        now=now,
-        dedup_seen=seen,
-        count_today=count,
-        recent_sends=recent,
-        backpressure=pressure.on(),
-        releases=releases.releases(),
-    )
-    if plan.no_channel and not replayed:
-        metrics.no_channel.labels(intent.category, plan.no_channel).inc()
-    if plan.devices_not_sent and not replayed:
-        metrics.push_devices_not_sent.inc(plan.devices_not_sent)
-    for key in plan.dedup_keys:
-        remember(dedup, partition, key, [now, replay_token, intent.category])
-    if plan.counter_key and not replayed:
-        remember(daily, partition, plan.counter_key, daily.data.get(plan.counter_key, 0) + 1)
-    if plan.window and not replayed:
-        remember(recent_sends, partition, *plan.window)
-    for t in plan.timers:
-        await emit.timer(intent.user_id, t)
-    await emit.outcomes(plan.outcomes)
-    for d in plan.deliveries:
-        await emit.deliver(d)
-
-
-def plans_here(priority: str, user_id: str) -> Optional[int]:
-    """The user's partition if this worker runs ``guard.<priority>`` for it now (it is
-    assigned the user's partition of notify.intents.<priority>), else None: expand
-    then plans the intent itself (:func:`plan_and_send`) instead of writing it to
-    that topic for this same worker to read back (an entry written, fetched,
-    decoded and delivered through Faust, and a hop of latency, per recipient)."""
-    topic = intents_topics[priority].get_topic_name()
-    partition = app.transport.partition_for(topic, user_id.encode())
-    return partition if app.consumer.owns(topic, partition) else None
-
-
-guards = {p: app.agent(topic, name=f"guard.{p}")(guard) for p, topic in intents_topics.items()}
-
-PURGE_EVERY_S = float(os.environ.get("NOTIFY_PURGE_EVERY_S", "60"))
 DAILY_KEEP_DAYS = 2
-INFLIGHT_KEEP_S = float(os.environ.get("NOTIFY_INFLIGHT_KEEP_S", "3600"))
-#: tombstones sent by the purge before it waits for them to be written
-PURGE_CHUNK = int(os.environ.get("NOTIFY_PURGE_CHUNK", "500"))
 
 
-@app.timer(PURGE_EVERY_S)
-async def purge_expired() -> None:
-    """Drop dedup entries past their category's window, daily counters older than two
-    days, sliding-window send times outside their category's longest window, and lane inflight marks of deliveries done an hour ago (tombstones on the
-    changelog; the compactor then drops their history).
+class Guard:
+    def __init__(self, app: Any, emit: Any, pressure: Any, releases: Any) -> None:
+        self.app = app
+        self.emit = emit
+        self.pressure = pressure
+        self.releases = releases
+        env = app.settings.env
+        self.purge_every_s = env.purge_every_s
+        self.inflight_keep_s = env.inflight_keep_s
+        #: tombstones sent by the purge before it waits for them to be written
+        self.purge_chunk = env.purge_chunk
 
-    Tombstones go out :data:`PURGE_CHUNK` at a time, each chunk written before the
-    next is made: a purge of thousands of keys sent at once held a message, a
-    future and a pending write per key until the producer caught up (a ~20 MB
-    spike every purge in the soak, which the allocator kept as RSS)."""
-    from datetime import date, timedelta
+    async def guard(self, stream):
+        turn = turns_for(stream)
+        dlq = self.app.declared.dlq
+        async for event in stream.events():
+            await turn()
+            async with contained(dlq, event, "guard"):
+                await self.plan_and_send(event.value, event.message.partition, event.message.offset)
 
-    from pipeline.topics import INTENT_TOPICS
-    from tables import delete
+    async def plan_and_send(self, intent: Intent, partition: int, replay_token: Any) -> None:
+        """Plan ``intent`` against its user's tables (of ``partition``, the user's partition
+        of the user-keyed topics, owned by this worker) and send what the plan says.
 
-    now = clock.now()
-    windows = {name: c.dedup_window_s for name, c in settings.categories.items()}
-    longest = {name: max((w for w, _n in c.rate_windows), default=0) for name, c in settings.categories.items()}
-    partition_of = app.transport.partition_for
-    topic = INTENT_TOPICS[0]  # every user-keyed topic has the same partitions
-    owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
-    oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
+        ``replay_token`` identifies the message the intent came from: the intent's offset
+        in notify.intents.<priority>, or, for an intent planned by expand where the event
+        was read (:meth:`plans_here`), the event's topic, offset and recipient. A dedup
+        entry written under the same token is this intent's own, read again after a crash."""
+        app, emit, tb = self.app, self.emit, self.app.user_tables
+        dedup, daily, recent_sends = tb.dedup, tb.daily, tb.recent_sends
+        now = clock.now()
+        replayed = False
 
-    def expired():
-        for key in list(dedup.data):
-            entry = dedup.data.get(key)
-            if entry is not None and dedup_expired(entry, now, windows):
-                yield dedup, key.split("|", 1)[0], key
-        # a delivery done an hour ago can no longer be replayed from an uncommitted offset
-        for key in list(inflight.data):
-            st = inflight.data.get(key)
-            if st is not None and st.get("t", now) < now - INFLIGHT_KEEP_S and st["s"] in DONE_STATES:
-                yield inflight, st["u"], key
-        for key in list(daily.data):
-            # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
-            user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
-            if day < oldest:
-                yield daily, user, key
-        for key in list(recent_sends.data):
-            user, _, category = key.rpartition("|")
-            if window_expired(recent_sends.data.get(key), now, longest.get(category, 0)):
-                yield recent_sends, user, key
+        def seen(key: str):
+            nonlocal replayed
+            entry = dedup.get(key)
+            if entry is None:
+                return None
+            if entry[1] == replay_token:
+                replayed = True
+                return None
+            return entry[0]
 
-    purged, last = 0, None
-    for table, user, key in expired():
-        p = partition_of(topic, user.encode())
-        if p not in owned:
-            continue
-        last = delete(table, p, key)
-        purged += 1
-        if purged % PURGE_CHUNK == 0:
-            await _written(last)
-    await _written(last)
-    if purged:
-        log.info("purged %d expired table entries", purged)
+        def count(key: str) -> int:
+            # .data: a missing key read through the table would be set to its default,
+            # a change for the current event's partition (expand's, not the user's)
+            return 0 if replayed else daily.data.get(key, 0)
+
+        def recent(key: str) -> list:
+            return [] if replayed else (recent_sends.data.get(key) or [])
+
+        plan = plan_intent(
+            intent,
+            settings=app.settings,
+            renderer=app.renderer,
+            prefs=tb.preferences.get(intent.user_id),
+            devices=tb.devices.get(intent.user_id),
+            now=now,
+            dedup_seen=seen,
+            count_today=count,
+            recent_sends=recent,
+            backpressure=self.pressure.on(),
+            releases=self.releases.releases(),
+        )
+        if plan.no_channel and not replayed:
+            metrics.no_channel.labels(intent.category, plan.no_channel).inc()
+        if plan.devices_not_sent and not replayed:
+            metrics.push_devices_not_sent.inc(plan.devices_not_sent)
+        for key in plan.dedup_keys:
+            remember(dedup, partition, key, [now, replay_token, intent.category])
+        if plan.counter_key and not replayed:
+            remember(daily, partition, plan.counter_key, daily.data.get(plan.counter_key, 0) + 1)
+        if plan.window and not replayed:
+            remember(recent_sends, partition, *plan.window)
+        for t in plan.timers:
+            await emit.timer(intent.user_id, t)
+        await emit.outcomes(plan.outcomes)
+        for d in plan.deliveries:
+            await emit.deliver(d)
+
+    def plans_here(self, priority: str, user_id: str) -> Optional[int]:
+        """The user's partition if this worker runs ``guard.<priority>`` for it now (it is
+        assigned the user's partition of notify.intents.<priority>), else None: expand
+        then plans the intent itself (:meth:`plan_and_send`) instead of writing it to
+        that topic for this same worker to read back (an entry written, fetched,
+        decoded and delivered through Faust, and a hop of latency, per recipient)."""
+        app = self.app
+        topic = app.declared.intents[priority].get_topic_name()
+        partition = app.transport.partition_for(topic, user_id.encode())
+        return partition if app.consumer.owns(topic, partition) else None
+
+    async def purge_expired(self) -> None:
+        """Drop dedup entries past their category's window, daily counters older than two
+        days, sliding-window send times outside their category's longest window, and
+        lane inflight marks of deliveries done an hour ago (tombstones on the
+        changelog; the compactor then drops their history).
+
+        Tombstones go out :attr:`purge_chunk` at a time, each chunk written before the
+        next is made: a purge of thousands of keys sent at once held a message, a
+        future and a pending write per key until the producer caught up (a ~20 MB
+        spike every purge in the soak, which the allocator kept as RSS)."""
+        app, tb, settings = self.app, self.app.user_tables, self.app.settings
+        dedup, daily, inflight, recent_sends = tb.dedup, tb.daily, tb.inflight, tb.recent_sends
+        now = clock.now()
+        keep_s = self.inflight_keep_s
+        windows = {name: c.dedup_window_s for name, c in settings.categories.items()}
+        longest = {name: max((w for w, _n in c.rate_windows), default=0) for name, c in settings.categories.items()}
+        partition_of = app.transport.partition_for
+        topic = INTENT_TOPICS[0]  # every user-keyed topic has the same partitions
+        owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
+        oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
+
+        def expired():
+            for key in list(dedup.data):
+                entry = dedup.data.get(key)
+                if entry is not None and dedup_expired(entry, now, windows):
+                    yield dedup, key.split("|", 1)[0], key
+            # a delivery done an hour ago can no longer be replayed from an uncommitted offset
+            for key in list(inflight.data):
+                st = inflight.data.get(key)
+                if st is not None and st.get("t", now) < now - keep_s and st["s"] in DONE_STATES:
+                    yield inflight, st["u"], key
+            for key in list(daily.data):
+                # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
+                user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
+                if day < oldest:
+                    yield daily, user, key
+            for key in list(recent_sends.data):
+                user, _, category = key.rpartition("|")
+                if window_expired(recent_sends.data.get(key), now, longest.get(category, 0)):
+                    yield recent_sends, user, key
+
+        purged, last = 0, None
+        for table, user, key in expired():
+            p = partition_of(topic, user.encode())
+            if p not in owned:
+                continue
+            last = delete(table, p, key)
+            purged += 1
+            if purged % self.purge_chunk == 0:
+                await _written(last)
+        await _written(last)
+        if purged:
+            log.info("purged %d expired table entries", purged)
 
 
 async def _written(fut) -> None:
@@ -185,3 +189,13 @@ async def _written(fut) -> None:
         await fut
     except ProducerFenced:
         pass  # the partition moved: its new owner purges it
+
+
+def register(app: Any, emit: Any, pressure: Any, releases: Any) -> Guard:
+    """``guard.<priority>`` for the priorities this app's role runs, and the purge."""
+    g = Guard(app, emit, pressure, releases)
+    for p, topic in app.declared.intents.items():
+        if app.runs(topic):
+            app.agent(topic, name=f"guard.{p}")(g.guard)
+    app.timer(g.purge_every_s, name="guard.purge_expired")(g.purge_expired)
+    return g

@@ -21,10 +21,9 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from pipeline import clock, metrics, runtime
-from pipeline.app import app, devices_topic, lane_topics, settings
+from pipeline import clock, metrics
 from pipeline.models import Attempt, Delivery, DeviceUpdate, State, Timer
 from pipeline.rules.attempts import after_query, after_send, superseded
 from pipeline.rules.channels import is_unsubscribed
@@ -34,9 +33,9 @@ from pipeline.entries import PASS_THROUGH
 from pipeline.fair import turns_for
 from pipeline.take import take_ready
 from pipeline.transport import ProducerFenced
-from tables import inflight, preferences, put, remember
+from tables import put, remember
 
-from . import emit
+__all__ = ["InboxWriter", "Lanes", "Step", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -63,100 +62,13 @@ def _inbox_item(d: Delivery, now: float) -> InboxItem:
     return InboxItem(d.user_id, d.delivery_id, d.content.get("title", ""), d.content.get("body", ""), now)
 
 
-async def step(d: Delivery, disp, fate_unknown: bool) -> Step:
-    now = clock.now()
-    out = Step(attempts_made=d.attempt)
-    if is_unsubscribed(preferences.get(d.user_id), d.category, d.channel):
-        out.state = State.FILTERED
-        out.outcomes.append(outcome(d, d.channel, State.FILTERED, now, reason="unsubscribed"))
-        return out
-    reconciled = False
-    if d.unknown_provider or fate_unknown:
-        q = await disp.query(d)
-        nxt = after_query(d, q.status, q.supported, now, provider_msg_id=q.provider_msg_id)
-        if not nxt.resend_now:
-            out.state, out.retry = nxt.state, nxt.retry
-            out.outcomes.append(outcome(d, d.channel, nxt.state, now, reason=nxt.reason,
-                                        provider=q.provider or d.unknown_provider,
-                                        provider_msg_id=nxt.provider_msg_id, retry_count=d.attempt))
-            if nxt.state == State.ACCEPTED and d.channel == "inbox":
-                out.inbox = _inbox_item(d, now)
-            return out
-        reconciled = bool(d.unknown_provider)
-    rnd = await disp.send(d, reconciled=reconciled)
-    waited = 0.0
-    while not rnd.results and rnd.wait_s and waited + rnd.wait_s <= IN_SLOT_WAIT_S:
-        # out of rate (or a breaker about to half-open) for a moment: wait in this
-        # delivery's slot, the lane's other slots go on. Through the timer topic the
-        # wait would be a round trip through the scheduler of the main workers
-        # (behind whatever backlog they have: an OTP behind a campaign)
-        await asyncio.sleep(rnd.wait_s)
-        waited += rnd.wait_s
-        rnd = await disp.send(d, reconciled=reconciled)
-    if not rnd.results:  # breakers open or out of rate for longer: try later, no attempt made
-        data = d.asdict()
-        data["due_at"] = now + (rnd.wait_s or 0.1)
-        out.retry = Delivery(**data)
-        return out
-    cur = d
-    for i, r in enumerate(rnd.results):
-        metrics.attempts.labels(r.provider, r.result).inc()
-        metrics.send_latency.labels(d.channel, d.priority).observe(r.latency_ms / 1000)
-        nxt = after_send(cur, r.result, now, provider=r.provider, retry_after=r.retry_after,
-                         permanent_kind=r.permanent_kind, provider_msg_id=r.provider_msg_id)
-        att = Attempt(delivery_id=d.delivery_id, seq=cur.attempt + 1, channel=d.channel, provider=r.provider,
-                      started_at=now, result=r.result, latency_ms=r.latency_ms, provider_msg_id=r.provider_msg_id,
-                      retry_after=r.retry_after, next_at=nxt.retry.due_at if nxt.retry else None, error=r.error)
-        out.outcomes.append(outcome(cur, d.channel, nxt.state, now, reason=nxt.reason, provider=r.provider,
-                                    provider_msg_id=r.provider_msg_id, retry_count=cur.attempt + 1, attempt=att))
-        out.state = nxt.state
-        out.attempts_made = cur.attempt + 1
-        last = i == len(rnd.results) - 1
-        if not last:  # failed over to the next provider within this step
-            cur = nxt.retry or cur
-            continue
-        out.retry = nxt.retry
-        if nxt.dead_letter:
-            out.dead_letter = nxt.reason
-        if nxt.remove_device and d.address and ":" in d.address:
-            out.remove_token = d.address.split(":", 1)[1]
-            out.remove_at = r.unregistered_at
-        if nxt.state == State.ACCEPTED and d.channel == "inbox":
-            out.inbox = _inbox_item(d, now)
-        elif nxt.state == State.ACCEPTED and settings.receipt_poll_s:
-            out.poll = r.provider
-    return out
-
-
-async def contained_step(d: Delivery, disp, fate_unknown: bool) -> Step:
-    """:func:`step`, with an error other than the broker's transient ones contained
-    to its delivery: FAILED ``agent_error`` and dead-lettered (``notify dlq replay
-    --source lane`` sends it again), so one bad delivery never fails its batch nor
-    crashes the lane."""
-    try:
-        return await step(d, disp, fate_unknown)
-    except PASS_THROUGH:
-        raise
-    except Exception:  # noqa: BLE001 - one bad delivery must not stop a lane
-        metrics.agent_errors.labels(f"lane.{d.channel}.{d.priority}").inc()
-        log.exception("lane %s.%s failed on delivery %s; it is dead-lettered", d.channel, d.priority, d.delivery_id)
-        out = Step(state=State.FAILED, attempts_made=d.attempt, dead_letter="agent_error")
-        out.outcomes.append(outcome(d, d.channel, State.FAILED, clock.now(),
-                                    reason="agent_error", retry_count=d.attempt))
-        return out
-
-
-async def _add_inbox(items: list) -> None:
-    """Write inbox rows; an unavailable store is retried, as the record sink does."""
-    await runtime.with_store(lambda store: store.add_inbox(items), "inbox")
-
-
 class InboxWriter:
     """Inbox rows of the deliveries that finish, written together: whatever arrives
     while one write runs goes in the next (a group commit), so a lane whose calls
     finish one by one still writes SQLite in batches, and no row waits for more."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_store: Any) -> None:
+        self.with_store = with_store
         self._pending: list[tuple[InboxItem, asyncio.Future]] = []
         self._writer: Optional[asyncio.Future] = None
 
@@ -172,7 +84,9 @@ class InboxWriter:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    await _add_inbox([item for item, _f in batch])
+                    # an unavailable store is retried, as the record sink does
+                    rows = [item for item, _f in batch]
+                    await self.with_store(lambda store: store.add_inbox(rows), "inbox")
                 except Exception as exc:  # noqa: BLE001 - each waiter gets it
                     for _item, f in batch:
                         f.done() or f.set_exception(exc)
@@ -183,118 +97,215 @@ class InboxWriter:
             self._writer = None
 
 
-async def finish(d: Delivery, s: Step, partition: int, inbox: InboxWriter) -> None:
-    """Send what one delivery's step decided, then cache its "done" mark."""
-    if s.inbox:
-        await inbox.add(s.inbox)
-        s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
-                                  provider="inbox", provider_msg_id=d.delivery_id, retry_count=s.attempts_made))
-    await emit.outcomes(s.outcomes)
-    if s.retry is not None:
-        await emit.retry(s.retry)
-    if s.poll:
-        await emit.timer(d.user_id, Timer(
-            timer_id=f"{d.delivery_id}:poll", due_at=clock.now() + settings.receipt_poll_s, kind="poll",
-            payload={"user_id": d.user_id, "delivery": d.asdict(), "provider": s.poll}))
-    if s.dead_letter:
-        await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
-    if s.remove_token:
-        await devices_topic.send(key=d.user_id, value=DeviceUpdate(
-            user_id=d.user_id, token=s.remove_token, op="remove",
-            at=s.remove_at if s.remove_at is not None else time.time()))
-    # cached until the commit, so it is written after the outcomes above and their
-    # records (agents/sink.py): a crash in between leaves "calling", and the replay
-    # reconciles and records instead of skipping
-    remember(inflight, partition, d.delivery_id,
-             {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now(), "r": d.replay})
+class Lanes:
+    """The lane agents of one app, and what a delivery's step does."""
 
+    def __init__(self, app: Any, emit: Any) -> None:
+        self.app = app
+        self.emit = emit
 
-def make_lane(channel: str, priority: str):
-    """The lane's agent: a window of up to ``lane_batch_size`` provider calls in flight
-    (docs/adr/0001-lanes-as-continuous-pipelines.md). New deliveries are taken as
-    slots free up, calls finish in any order, and each entry is acknowledged when its
-    delivery is done: the committed offset stops below the lowest unfinished one."""
-    topic = lane_topics[(channel, priority)]
-    window = settings.lane_batch_size(channel, priority)
-    name = f"lane.{channel}.{priority}"
+    async def step(self, d: Delivery, disp, fate_unknown: bool) -> Step:
+        now = clock.now()
+        out = Step(attempts_made=d.attempt)
+        if is_unsubscribed(self.app.user_tables.preferences.get(d.user_id), d.category, d.channel):
+            out.state = State.FILTERED
+            out.outcomes.append(outcome(d, d.channel, State.FILTERED, now, reason="unsubscribed"))
+            return out
+        reconciled = False
+        if d.unknown_provider or fate_unknown:
+            q = await disp.query(d)
+            nxt = after_query(d, q.status, q.supported, now, provider_msg_id=q.provider_msg_id)
+            if not nxt.resend_now:
+                out.state, out.retry = nxt.state, nxt.retry
+                out.outcomes.append(outcome(d, d.channel, nxt.state, now, reason=nxt.reason,
+                                            provider=q.provider or d.unknown_provider,
+                                            provider_msg_id=nxt.provider_msg_id, retry_count=d.attempt))
+                if nxt.state == State.ACCEPTED and d.channel == "inbox":
+                    out.inbox = _inbox_item(d, now)
+                return out
+            reconciled = bool(d.unknown_provider)
+        rnd = await disp.send(d, reconciled=reconciled)
+        waited = 0.0
+        while not rnd.results and rnd.wait_s and waited + rnd.wait_s <= IN_SLOT_WAIT_S:
+            # out of rate (or a breaker about to half-open) for a moment: wait in this
+            # delivery's slot, the lane's other slots go on. Through the timer topic the
+            # wait would be a round trip through the scheduler of the main workers
+            # (behind whatever backlog they have: an OTP behind a campaign)
+            await asyncio.sleep(rnd.wait_s)
+            waited += rnd.wait_s
+            rnd = await disp.send(d, reconciled=reconciled)
+        if not rnd.results:  # breakers open or out of rate for longer: try later, no attempt made
+            data = d.asdict()
+            data["due_at"] = now + (rnd.wait_s or 0.1)
+            out.retry = Delivery(**data)
+            return out
+        cur = d
+        for i, r in enumerate(rnd.results):
+            metrics.attempts.labels(r.provider, r.result).inc()
+            metrics.send_latency.labels(d.channel, d.priority).observe(r.latency_ms / 1000)
+            nxt = after_send(cur, r.result, now, provider=r.provider, retry_after=r.retry_after,
+                             permanent_kind=r.permanent_kind, provider_msg_id=r.provider_msg_id)
+            att = Attempt(delivery_id=d.delivery_id, seq=cur.attempt + 1, channel=d.channel, provider=r.provider,
+                          started_at=now, result=r.result, latency_ms=r.latency_ms, provider_msg_id=r.provider_msg_id,
+                          retry_after=r.retry_after, next_at=nxt.retry.due_at if nxt.retry else None, error=r.error)
+            out.outcomes.append(outcome(cur, d.channel, nxt.state, now, reason=nxt.reason, provider=r.provider,
+                                        provider_msg_id=r.provider_msg_id, retry_count=cur.attempt + 1, attempt=att))
+            out.state = nxt.state
+            out.attempts_made = cur.attempt + 1
+            last = i == len(rnd.results) - 1
+            if not last:  # failed over to the next provider within this step
+                cur = nxt.retry or cur
+                continue
+            out.retry = nxt.retry
+            if nxt.dead_letter:
+                out.dead_letter = nxt.reason
+            if nxt.remove_device and d.address and ":" in d.address:
+                out.remove_token = d.address.split(":", 1)[1]
+                out.remove_at = r.unregistered_at
+            if nxt.state == State.ACCEPTED and d.channel == "inbox":
+                out.inbox = _inbox_item(d, now)
+            elif nxt.state == State.ACCEPTED and self.app.settings.receipt_poll_s:
+                out.poll = r.provider
+        return out
 
-    async def lane(stream):
-        turn = turns_for(stream)
-        slots = asyncio.Semaphore(window)
-        running: dict[str, asyncio.Future] = {}
-        again: dict[str, list] = {}  # delivery id → copies of an entry in flight, read meanwhile
-        failed: list[BaseException] = []
-        inbox = InboxWriter()
+    async def contained_step(self, d: Delivery, disp, fate_unknown: bool) -> Step:
+        """:meth:`step`, with an error other than the broker's transient ones contained
+        to its delivery: FAILED ``agent_error`` and dead-lettered (``notify dlq replay
+        --source lane`` sends it again), so one bad delivery never fails its batch nor
+        crashes the lane."""
+        try:
+            return await self.step(d, disp, fate_unknown)
+        except PASS_THROUGH:
+            raise
+        except Exception:  # noqa: BLE001 - one bad delivery must not stop a lane
+            metrics.agent_errors.labels(f"lane.{d.channel}.{d.priority}").inc()
+            log.exception("lane %s.%s failed on delivery %s; it is dead-lettered", d.channel, d.priority, d.delivery_id)
+            out = Step(state=State.FAILED, attempts_made=d.attempt, dead_letter="agent_error")
+            out.outcomes.append(outcome(d, d.channel, State.FAILED, clock.now(),
+                                        reason="agent_error", retry_count=d.attempt))
+            return out
 
-        holds = app.consumer.holds  # the committed offset stays below a call in flight
+    async def finish(self, d: Delivery, s: Step, partition: int, inbox: InboxWriter) -> None:
+        """Send what one delivery's step decided, then cache its "done" mark."""
+        if s.inbox:
+            await inbox.add(s.inbox)
+            s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
+                                      provider="inbox", provider_msg_id=d.delivery_id, retry_count=s.attempts_made))
+        emit, settings = self.emit, self.app.settings
+        await emit.outcomes(s.outcomes)
+        if s.retry is not None:
+            await emit.retry(s.retry)
+        if s.poll:
+            await emit.timer(d.user_id, Timer(
+                timer_id=f"{d.delivery_id}:poll", due_at=clock.now() + settings.receipt_poll_s, kind="poll",
+                payload={"user_id": d.user_id, "delivery": d.asdict(), "provider": s.poll}))
+        if s.dead_letter:
+            await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
+        if s.remove_token:
+            await self.app.declared.devices.send(key=d.user_id, value=DeviceUpdate(
+                user_id=d.user_id, token=s.remove_token, op="remove",
+                at=s.remove_at if s.remove_at is not None else time.time()))
+        # cached until the commit, so it is written after the outcomes above and their
+        # records (agents/sink.py): a crash in between leaves "calling", and the replay
+        # reconciles and records instead of skipping
+        remember(self.app.user_tables.inflight, partition, d.delivery_id,
+                 {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now(), "r": d.replay})
 
-        async def call(ev, d: Delivery, disp, fate_unknown: bool, mark) -> None:
-            tp = ev.message.tp
-            try:
+    def make_lane(self, channel: str, priority: str):
+        """The lane's agent: a window of up to ``lane_batch_size`` provider calls in flight
+        (docs/adr/0001-lanes-as-continuous-pipelines.md). New deliveries are taken as
+        slots free up, calls finish in any order, and each entry is acknowledged when its
+        delivery is done: the committed offset stops below the lowest unfinished one."""
+        app = self.app
+        topic = app.declared.lanes[(channel, priority)]
+        window = app.settings.lane_batch_size(channel, priority)
+        inflight = app.user_tables.inflight
+        name = f"lane.{channel}.{priority}"
+
+        async def lane(stream):
+            turn = turns_for(stream)
+            slots = asyncio.Semaphore(window)
+            running: dict[str, asyncio.Future] = {}
+            again: dict[str, list] = {}  # delivery id → copies of an entry in flight, read meanwhile
+            failed: list[BaseException] = []
+            inbox = InboxWriter(app.resources.with_store)
+
+            holds = app.consumer.holds  # the committed offset stays below a call in flight
+
+            async def call(ev, d: Delivery, disp, fate_unknown: bool, mark) -> None:
+                tp = ev.message.tp
                 try:
-                    # the "calling" mark is durable before the call: wait for this write
-                    # only (a producer flush would also wait for everything else sent)
-                    await mark
-                except ProducerFenced:
-                    # refused: this worker lost the partition (paused past its lease, a
-                    # zombie); its new owner reads the delivery again, so no call here
-                    log.warning("lane %s: delivery %s fenced (partition lost), left to its new owner",
-                                name, d.delivery_id)
-                    running.pop(d.delivery_id, None)  # a copy read from now on is handled anew
+                    try:
+                        # the "calling" mark is durable before the call: wait for this write
+                        # only (a producer flush would also wait for everything else sent)
+                        await mark
+                    except ProducerFenced:
+                        # refused: this worker lost the partition (paused past its lease, a
+                        # zombie); its new owner reads the delivery again, so no call here
+                        log.warning("lane %s: delivery %s fenced (partition lost), left to its new owner",
+                                    name, d.delivery_id)
+                        running.pop(d.delivery_id, None)  # a copy read from now on is handled anew
+                        for e in (ev, *again.pop(d.delivery_id, ())):
+                            await stream.ack(e)
+                        holds.release(tp, ev.message.offset)
+                        return
+                    s = await self.contained_step(d, disp, fate_unknown)
+                    await self.finish(d, s, ev.message.partition, inbox)
+                    # this entry, and any copy of it read while the call ran, is done (a copy
+                    # read from now on finds the done mark: superseded)
+                    running.pop(d.delivery_id, None)
                     for e in (ev, *again.pop(d.delivery_id, ())):
                         await stream.ack(e)
-                    holds.release(tp, ev.message.offset)
-                    return
-                s = await contained_step(d, disp, fate_unknown)
-                await finish(d, s, ev.message.partition, inbox)
-                # this entry, and any copy of it read while the call ran, is done (a copy
-                # read from now on finds the done mark: superseded)
-                running.pop(d.delivery_id, None)
-                for e in (ev, *again.pop(d.delivery_id, ())):
-                    await stream.ack(e)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # a transient error: the agent crashes, as it did
-                failed.append(exc)
-                return  # the entry stays held: no commit passes it until the worker restarts
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # a transient error: the agent crashes, as it did
+                    failed.append(exc)
+                    return  # the entry stays held: no commit passes it until the worker restarts
+                finally:
+                    running.pop(d.delivery_id, None)
+                    slots.release()
+                holds.release(tp, ev.message.offset)
+
+            try:
+                async for events in take_ready(stream, window, ack=False):
+                    if failed:
+                        raise failed[0]
+                    disp = await app.resources.dispatcher()
+                    for ev in events:
+                        await turn()
+                        d: Delivery = ev.value
+                        st = inflight.get(d.delivery_id)
+                        if d.delivery_id in running:
+                            # a copy read while the call runs (read again after a rebalance's seek,
+                            # or a duplicate): acknowledged when the call is done, never before,
+                            # so the committed offset cannot pass an unfinished delivery
+                            again.setdefault(d.delivery_id, []).append(ev)
+                            continue
+                        if superseded(st, d.attempt, d.replay):
+                            await stream.ack(ev)  # superseded or done: a replay or duplicate
+                            continue
+                        # a free slot, then this delivery starts at once: it never waits for
+                        # the rest of its take to find slots (that is, for the slowest call)
+                        await slots.acquire()
+                        fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
+                                            and st.get("r", 0) == d.replay)
+                        holds.hold(ev.message.tp, ev.message.offset)
+                        mark = put(inflight, ev.message.partition, d.delivery_id,
+                                   {"a": d.attempt, "s": "calling", "r": d.replay})
+                        running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
             finally:
-                running.pop(d.delivery_id, None)
-                slots.release()
-            holds.release(tp, ev.message.offset)
+                for task in list(running.values()):
+                    task.cancel()  # the fate of a call cut short is unknown: its replay asks the provider
 
-        try:
-            async for events in take_ready(stream, window, ack=False):
-                if failed:
-                    raise failed[0]
-                disp = await runtime.dispatcher()
-                for ev in events:
-                    await turn()
-                    d: Delivery = ev.value
-                    st = inflight.get(d.delivery_id)
-                    if d.delivery_id in running:
-                        # a copy read while the call runs (read again after a rebalance's seek,
-                        # or a duplicate): acknowledged when the call is done, never before,
-                        # so the committed offset cannot pass an unfinished delivery
-                        again.setdefault(d.delivery_id, []).append(ev)
-                        continue
-                    if superseded(st, d.attempt, d.replay):
-                        await stream.ack(ev)  # superseded or done: a replay or duplicate
-                        continue
-                    # a free slot, then this delivery starts at once: it never waits for
-                    # the rest of its take to find slots (that is, for the slowest call)
-                    await slots.acquire()
-                    fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
-                                        and st.get("r", 0) == d.replay)
-                    holds.hold(ev.message.tp, ev.message.offset)
-                    mark = put(inflight, ev.message.partition, d.delivery_id,
-                               {"a": d.attempt, "s": "calling", "r": d.replay})
-                    running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
-        finally:
-            for task in list(running.values()):
-                task.cancel()  # the fate of a call cut short is unknown: its replay asks the provider
-
-    lane.__name__ = f"lane_{channel}_{priority}"
-    return app.agent(topic, name=name)(lane)
+        lane.__name__ = f"lane_{channel}_{priority}"
+        return topic, name, lane
 
 
-lanes = {key: make_lane(*key) for key in lane_topics}
+def register(app: Any, emit: Any) -> Lanes:
+    """A lane agent for every channel × priority lane of this app's role."""
+    lanes = Lanes(app, emit)
+    for key, topic in app.declared.lanes.items():
+        if app.runs(topic):
+            topic, name, fun = lanes.make_lane(*key)
+            app.agent(topic, name=name)(fun)
+    return lanes

@@ -9,52 +9,64 @@ never decides another provider's delivery)."""
 
 import logging
 import time
+from typing import Any
 
-from pipeline import clock, runtime
-from pipeline.app import app, dlq_topic, receipts_topic
+from pipeline import clock
 from pipeline.entries import contained
 from pipeline.models import Outcome, Receipt, State, Timer
 from pipeline.rules.receipts import split_by_provider
 
-from . import emit
+__all__ = ["Receipts", "register"]
 
 MAX_TRIES = 5
 
 log = logging.getLogger(__name__)
 
 
-@app.agent(receipts_topic, name="receipts")
-async def receipts(stream):
-    async for event in stream.events():
-        async with contained(dlq_topic, event, "receipts"):
-            await match(event.value, tries=0)
+class Receipts:
+    def __init__(self, app: Any, emit: Any) -> None:
+        self.app = app
+        self.emit = emit
+
+    async def receipts(self, stream):
+        dlq = self.app.declared.dlq
+        async for event in stream.events():
+            async with contained(dlq, event, "receipts"):
+                await self.match(event.value, tries=0)
+
+    async def match(self, r: Receipt, tries: int) -> None:
+        emit = self.emit
+        store = await self.app.resources.store()
+        rows, others = split_by_provider(r.provider, await store.by_provider_msg_id(r.provider_msg_id))
+        if not rows and others:
+            providers = sorted({str(o.get("provider")) for o in others})
+            log.warning("refused a %s receipt for a message id of %d delivery(ies) of %s: provider_mismatch",
+                        r.provider, len(others), ", ".join(providers))
+            await emit.dead_letter("receipts", "provider_mismatch", r.dumps(), key=r.provider_msg_id,
+                                   detail=f"receipt from {r.provider}; the message id is {', '.join(providers)}'s")
+            return
+        if not rows:
+            if tries < MAX_TRIES:
+                await emit.timer(r.provider_msg_id, Timer(
+                    timer_id=f"receipt:{r.provider}:{r.provider_msg_id}:{tries}", due_at=clock.now() + 2 ** tries,
+                    kind="receipt", payload={"receipt": r.asdict(), "tries": tries + 1, "user_id": r.provider_msg_id}))
+            else:
+                await emit.dead_letter("receipts", "unmatched_receipt", r.dumps(), key=r.provider_msg_id)
+            return
+        state = State.DELIVERED if r.status == "DELIVERED" else State.UNDELIVERED
+        for row in rows:
+            await emit.outcomes([Outcome(
+                delivery_id=row["delivery_id"], notification_id=row["notification_id"], biz_key=row["biz_key"],
+                user_id=row["user_id"], channel=row["channel"], category=row.get("category") or "",
+                template=row.get("template_code") or "", priority=row.get("priority") or "", state=state,
+                at=r.at or time.time(), reason=r.error, provider=r.provider, provider_msg_id=r.provider_msg_id,
+                accepted_at=row.get("accepted_at") or 0.0, producer=row.get("producer") or "",
+                pref_version=row.get("pref_version") or 0,
+            )])
 
 
-async def match(r: Receipt, tries: int) -> None:
-    store = await runtime.store()
-    rows, others = split_by_provider(r.provider, await store.by_provider_msg_id(r.provider_msg_id))
-    if not rows and others:
-        providers = sorted({str(o.get("provider")) for o in others})
-        log.warning("refused a %s receipt for a message id of %d delivery(ies) of %s: provider_mismatch",
-                    r.provider, len(others), ", ".join(providers))
-        await emit.dead_letter("receipts", "provider_mismatch", r.dumps(), key=r.provider_msg_id,
-                               detail=f"receipt from {r.provider}; the message id is {', '.join(providers)}'s")
-        return
-    if not rows:
-        if tries < MAX_TRIES:
-            await emit.timer(r.provider_msg_id, Timer(
-                timer_id=f"receipt:{r.provider}:{r.provider_msg_id}:{tries}", due_at=clock.now() + 2 ** tries,
-                kind="receipt", payload={"receipt": r.asdict(), "tries": tries + 1, "user_id": r.provider_msg_id}))
-        else:
-            await emit.dead_letter("receipts", "unmatched_receipt", r.dumps(), key=r.provider_msg_id)
-        return
-    state = State.DELIVERED if r.status == "DELIVERED" else State.UNDELIVERED
-    for row in rows:
-        await emit.outcomes([Outcome(
-            delivery_id=row["delivery_id"], notification_id=row["notification_id"], biz_key=row["biz_key"],
-            user_id=row["user_id"], channel=row["channel"], category=row.get("category") or "",
-            template=row.get("template_code") or "", priority=row.get("priority") or "", state=state,
-            at=r.at or time.time(), reason=r.error, provider=r.provider, provider_msg_id=r.provider_msg_id,
-            accepted_at=row.get("accepted_at") or 0.0, producer=row.get("producer") or "",
-            pref_version=row.get("pref_version") or 0,
-        )])
+def register(app: Any, emit: Any) -> Receipts:
+    r = Receipts(app, emit)
+    if app.runs(app.declared.receipts):
+        app.agent(app.declared.receipts, name="receipts")(r.receipts)
+    return r

@@ -3,23 +3,16 @@ config's merged with those set through the API (``Keys.releases``, by name: the
 API's win), read every 2 s; the guard plans with them."""
 
 import logging
+from typing import Any
 
 import orjson
 
-from pipeline.app import app, settings
-from pipeline.rules.release import Release, parse_release
 from config.settings import CHANNELS
+from pipeline.rules.release import Release, parse_release
 
-from .pressure import side_client
+__all__ = ["Releases", "merged", "register"]
 
 log = logging.getLogger("notify.releases")
-
-#: what the guard uses now
-current: dict[str, tuple[Release, ...]] = {"releases": tuple(settings.releases)}
-
-
-def releases() -> tuple[Release, ...]:
-    return current["releases"]
 
 
 def merged(config: tuple[Release, ...], raw: dict) -> tuple[Release, ...]:
@@ -34,8 +27,23 @@ def merged(config: tuple[Release, ...], raw: dict) -> tuple[Release, ...]:
     return tuple(by_name.values())
 
 
-@app.timer(2.0)
-async def refresh() -> None:
-    client = await side_client()
-    raw = await client.hgetall(app.transport.keys.releases)
-    current["releases"] = merged(tuple(settings.releases), raw)
+class Releases:
+    """What the guard uses now."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.current: tuple[Release, ...] = tuple(app.settings.releases)
+
+    def releases(self) -> tuple[Release, ...]:
+        return self.current
+
+    async def refresh(self) -> None:
+        client = await self.app.resources.side_client()
+        raw = await client.hgetall(self.app.transport.keys.releases)
+        self.current = merged(tuple(self.app.settings.releases), raw)
+
+
+def register(app: Any) -> Releases:
+    releases = Releases(app)
+    app.timer(2.0, name="releases.refresh")(releases.refresh)
+    return releases

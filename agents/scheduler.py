@@ -37,7 +37,6 @@ pass of the demo took 16.7 s, and 100,000 timers due over 60 s fired at p99
 import asyncio
 import heapq
 import logging
-import os
 import time
 from collections import deque
 from typing import Optional
@@ -45,33 +44,24 @@ from typing import Optional
 from faust.serializers import codecs as faust_codecs
 from prometheus_client import Counter, Histogram
 
-from pipeline import clock, metrics, roles
-from pipeline.app import app, dlq_topic, intents_topics, lane_topics, timers_topic
+from typing import Any
+
+from pipeline import clock, metrics
 from pipeline.codecs import dumps
 from pipeline.entries import contained
 from pipeline.models import Delivery, Receipt, State, Timer
 from pipeline.transport import ProducerFenced
-from tables import timers
 
-from . import emit
+__all__ = ["Scheduler", "register"]
 
 log = logging.getLogger(__name__)
 
-#: due timers fired in one pass at most; the loop goes on at once while more are due
-FIRE_BATCH = int(os.environ.get("NOTIFY_SCHEDULER_BATCH", "1000"))
 #: longest sleep between two passes when nothing is due sooner
 IDLE_S = 0.05
 #: tasks running the timers whose work is a lookup or a provider query (poll, receipt)
 ASYNC_WORKERS = 16
 #: a pass longer than this is logged
 SLOW_PASS_S = 1.0
-
-_TOPIC = timers_topic.get_topic_name()
-_heap: list[tuple[float, str, str, int]] = []  # (due_at, timer_id, user_id, partition)
-_rebuild = True
-_waiting: deque = deque()  # (timer_id, partition) of due poll/receipt timers, for the workers
-_busy: set[str] = set()  # timer ids queued for or run by the workers
-_held_meanwhile: Optional[list] = None  # heap entries held while the heap is rebuilt
 
 fired_total = Counter("notify_scheduler_fired_total", "Timers fired", ["kind"])
 fire_delay = Histogram(
@@ -80,256 +70,253 @@ fire_delay = Histogram(
 )
 
 
-@app.agent(timers_topic, name="scheduler")
-async def scheduler(stream):
-    async for event in stream.events():
-        async with contained(dlq_topic, event, "scheduler"):
-            await on_timer(event.value, event.message.partition)
+class Scheduler:
+    """The timers of this worker's partitions: held in the ``timers`` table and a heap,
+    fired by :meth:`run_scheduler` when due."""
 
+    def __init__(self, app: Any, emit: Any, receipts: Any) -> None:
+        self.app = app
+        self.emit = emit
+        self.receipts = receipts
+        self.timers = app.user_tables.timers
+        self.topic = app.declared.timers.get_topic_name()
+        self.intents = {p: t.get_topic_name() for p, t in app.declared.intents.items()}
+        self.lanes = {k: t.get_topic_name() for k, t in app.declared.lanes.items()}
+        #: due timers fired in one pass at most; the loop goes on at once while more are due
+        self.fire_batch = app.settings.env.scheduler_batch
+        self._heap: list[tuple[float, str, str, int]] = []  # (due_at, timer_id, user_id, partition)
+        self._rebuild = True
+        self._waiting: deque = deque()  # (timer_id, partition) of due poll/receipt timers, for the workers
+        self._busy: set[str] = set()  # timer ids queued for or run by the workers
+        self._held_meanwhile: Optional[list] = None  # heap entries held while the heap is rebuilt
+        self._workers: list[asyncio.Task] = []
 
-async def on_timer(t: Timer, partition: Optional[int] = None) -> None:
-    """A timer to hold, or the ``fire`` of one held (written by a worker of before)."""
-    if t.kind == "fire":
-        held = timers.pop(t.timer_id, None)
-        if held is not None:
-            await _fire_now(held)
-        return
-    timers[t.timer_id] = t
-    user = t.payload.get("user_id", "")
-    if partition is None:
-        partition = _partition(user)
-    entry = (t.due_at, t.timer_id, user, partition)
-    heapq.heappush(_heap, entry)
-    if _held_meanwhile is not None:
-        _held_meanwhile.append(entry)
+    async def scheduler(self, stream):
+        async for event in stream.events():
+            async with contained(self.app.declared.dlq, event, "scheduler"):
+                await self.on_timer(event.value, event.message.partition)
 
+    async def on_timer(self, t: Timer, partition: Optional[int] = None) -> None:
+        """A timer to hold, or the ``fire`` of one held (written by a worker of before)."""
+        if t.kind == "fire":
+            held = self.timers.pop(t.timer_id, None)
+            if held is not None:
+                await self._fire_now(held)
+            return
+        self.timers[t.timer_id] = t
+        user = t.payload.get("user_id", "")
+        if partition is None:
+            partition = self._partition(user)
+        entry = (t.due_at, t.timer_id, user, partition)
+        heapq.heappush(self._heap, entry)
+        if self._held_meanwhile is not None:
+            self._held_meanwhile.append(entry)
 
-async def _fire_now(held: Timer) -> None:
-    """A timer's work, done at once (the ``fire`` path of before)."""
-    if held.kind in ("intent", "delivery"):
-        topic, key, value = _destination(held)
-        await app.producer.send_record(topic, key, value)
-    elif held.kind == "poll":
-        await poll_receipt(held.payload)
-    elif held.kind == "receipt":
-        from .receipts import match
-
-        await match(Receipt(**held.payload["receipt"]), held.payload["tries"])
-
-
-_INTENTS = {p: t.get_topic_name() for p, t in intents_topics.items()}
-_LANES = {k: t.get_topic_name() for k, t in lane_topics.items()}
-
-
-def _destination(held: Timer) -> tuple[str, bytes, bytes]:
-    """(topic, key, value) of a fired intent or delivery: its payload as it was held
-    (parse_timer made it exactly the record's fields, so these are the bytes the
-    record's ``dumps`` writes, without building it)."""
-    p = held.payload
-    if held.kind == "intent":
-        topic = _INTENTS[p["priority"]]
-    else:
-        topic = _LANES[(p["channel"], p["priority"])]
-    return topic, p["user_id"].encode(), dumps(p)
-
-
-def _partition(user: str) -> int:
-    return app.transport.partition_for(_TOPIC, user.encode())
-
-
-@app.on_rebalance_complete.connect
-async def _on_rebalance(sender, **kwargs) -> None:
-    global _rebuild
-    _rebuild = True
-
-
-@timers.on_recover
-async def _on_recover() -> None:
-    # a partition's timers are all in the table only once its changelog is read
-    global _rebuild
-    _rebuild = True
-
-
-async def _rebuild_heap() -> None:
-    """The heap again from the table (after a rebalance or a recovery), giving the
-    loop a turn every 10,000 timers."""
-    global _rebuild, _heap, _held_meanwhile
-    _rebuild = False
-    heap: list = []
-    _held_meanwhile = []
-    try:
-        for n, (tid, t) in enumerate(list(timers.data.items())):
-            if n % 10_000 == 9_999:
-                await asyncio.sleep(0)
-            if tid in _busy:
-                continue
-            user = t.payload.get("user_id", "")
-            heap.append((t.due_at, tid, user, _partition(user)))
-        heap += _held_meanwhile  # held while this ran: not in the table's snapshot
-    finally:
-        _held_meanwhile = None
-    heapq.heapify(heap)
-    _heap = heap
-
-
-async def fire_due(now: Optional[float] = None, limit: int = FIRE_BATCH) -> int:
-    """One pass: fire up to ``limit`` due timers of the partitions this worker owns,
-    earliest first. Returns how many were due (fired, or found gone)."""
-    global _rebuild
-    if _rebuild and app.tables.recovery.completed.is_set() and not app.in_recovery:
-        await _rebuild_heap()
-    metrics.scheduled.set(len(_heap))
-    now = clock.now() if now is None else now
-    owns = app.consumer.owns
-    send = app.producer.send
-    data = timers.data
-    sends: list = []  # (timer_id, partition, due_at, kind, write future)
-    sending: set[str] = set()  # the timers of this pass (a timer may be on the heap twice)
-    taken = 0
-    t0 = time.monotonic()
-    while _heap and _heap[0][0] <= now and taken < limit:
-        due, tid, user, partition = heapq.heappop(_heap)
-        taken += 1
-        if not owns(_TOPIC, partition):
-            continue  # a standby copy, or a partition revoked: its owner fires it
-        held = data.get(tid)
-        if held is None or held.due_at > now or tid in _busy or tid in sending:
-            continue  # fired already, held again for later (its newer entry is on the heap), or running
+    async def _fire_now(self, held: Timer) -> None:
+        """A timer's work, done at once (the ``fire`` path of before)."""
         if held.kind in ("intent", "delivery"):
-            sending.add(tid)
-            topic, key, value = _destination(held)
-            sends.append((tid, partition, held.due_at, held.kind, await send(topic, key, value, None, None, None)))
-        elif held.kind in ("poll", "receipt"):
-            _busy.add(tid)
-            _waiting.append((tid, partition))
-            _start_workers()
-        else:  # not a kind a holder writes (parse_timer refuses it): nothing to do
-            await _remove([(partition, tid)])
-    if sends:
-        # the payloads written, then their timers removed: never the other way round
-        results = await asyncio.gather(*(s[4] for s in sends), return_exceptions=True)
-        written = clock.now()
-        done = []
-        counts: dict[str, int] = {}
-        for (tid, partition, due, kind, _f), res in zip(sends, results):
-            if isinstance(res, BaseException):
-                # not written (the broker refused for good): left in the table, fired
-                # again after the next rebuild rather than lost
-                log.warning("scheduler: timer %s not fired: %r", tid, res)
-                _rebuild = True
-                continue
-            counts[kind] = counts.get(kind, 0) + 1
-            fire_delay.observe(max(0.0, written - due))
-            held = data.get(tid)
-            if held is not None and held.due_at == due:
-                done.append((partition, tid))
-        for kind, n in counts.items():
-            fired_total.labels(kind).inc(n)
-        await _remove(done)
-    took = time.monotonic() - t0
-    if took > SLOW_PASS_S:
-        log.warning("scheduler pass: %d fired in %.1f s", len(sends), took)
-    return taken
+            topic, key, value = self._destination(held)
+            await self.app.producer.send_record(topic, key, value)
+        elif held.kind == "poll":
+            await self.poll_receipt(held.payload)
+        elif held.kind == "receipt":
+            await self.receipts.match(Receipt(**held.payload["receipt"]), held.payload["tries"])
 
+    def _destination(self, held: Timer) -> tuple[str, bytes, bytes]:
+        """(topic, key, value) of a fired intent or delivery: its payload as it was held
+        (parse_timer made it exactly the record's fields, so these are the bytes the
+        record's ``dumps`` writes, without building it)."""
+        p = held.payload
+        if held.kind == "intent":
+            topic = self.intents[p["priority"]]
+        else:
+            topic = self.lanes[(p["channel"], p["priority"])]
+        return topic, p["user_id"].encode(), dumps(p)
 
-async def _remove(items: list[tuple[int, str]]) -> None:
-    """Remove fired timers from the table, a tombstone each on its partition of the
-    changelog (not awaited: a removal lost in a crash fires the timer again)."""
-    if not items:
-        return
-    data = timers.data
-    topic = timers.changelog_topic.get_topic_name()
-    ser = timers.key_serializer
-    send = app.producer.send
-    futs = []
-    for partition, tid in items:
-        data.pop(tid, None)
-        futs.append(await send(topic, faust_codecs.dumps(ser, tid), None, partition, None, None))
-    asyncio.ensure_future(_removed(futs))
+    def _partition(self, user: str) -> int:
+        return self.app.transport.partition_for(self.topic, user.encode())
 
+    async def _on_rebalance(self, sender, **kwargs) -> None:
+        self._rebuild = True
 
-async def _removed(futs: list) -> None:
-    for res in await asyncio.gather(*futs, return_exceptions=True):
-        if isinstance(res, ProducerFenced):
-            continue  # the partition moved: its new owner fires the timer again (at least once)
-        if isinstance(res, BaseException):
-            log.warning("scheduler: a fired timer's removal was not written: %r", res)
+    async def _on_recover(self) -> None:
+        # a partition's timers are all in the table only once its changelog is read
+        self._rebuild = True
 
-
-_workers: list[asyncio.Task] = []
-
-
-def _start_workers() -> None:
-    _workers[:] = [w for w in _workers if not w.done()]
-    for _ in range(min(ASYNC_WORKERS - len(_workers), len(_waiting))):
-        _workers.append(asyncio.ensure_future(_async_worker()))
-
-
-async def _async_worker() -> None:
-    """Runs due poll / receipt timers, one at a time, until none is waiting."""
-    data = timers.data
-    while _waiting:
-        tid, partition = _waiting.popleft()
+    async def _rebuild_heap(self) -> None:
+        """The heap again from the table (after a rebalance or a recovery), giving the
+        loop a turn every 10,000 timers."""
+        self._rebuild = False
+        heap: list = []
+        self._held_meanwhile = []
         try:
+            for n, (tid, t) in enumerate(list(self.timers.data.items())):
+                if n % 10_000 == 9_999:
+                    await asyncio.sleep(0)
+                if tid in self._busy:
+                    continue
+                user = t.payload.get("user_id", "")
+                heap.append((t.due_at, tid, user, self._partition(user)))
+            heap += self._held_meanwhile  # held while this ran: not in the table's snapshot
+        finally:
+            self._held_meanwhile = None
+        heapq.heapify(heap)
+        self._heap = heap
+
+    async def fire_due(self, now: Optional[float] = None, limit: Optional[int] = None) -> int:
+        """One pass: fire up to ``limit`` due timers of the partitions this worker owns,
+        earliest first. Returns how many were due (fired, or found gone)."""
+        limit = self.fire_batch if limit is None else limit
+        if self._rebuild and self.app.tables.recovery.completed.is_set() and not self.app.in_recovery:
+            await self._rebuild_heap()
+        metrics.scheduled.set(len(self._heap))
+        now = clock.now() if now is None else now
+        owns = self.app.consumer.owns
+        send = self.app.producer.send
+        data = self.timers.data
+        sends: list = []  # (timer_id, partition, due_at, kind, write future)
+        sending: set[str] = set()  # the timers of this pass (a timer may be on the heap twice)
+        taken = 0
+        t0 = time.monotonic()
+        while self._heap and self._heap[0][0] <= now and taken < limit:
+            due, tid, user, partition = heapq.heappop(self._heap)
+            taken += 1
+            if not owns(self.topic, partition):
+                continue  # a standby copy, or a partition revoked: its owner fires it
             held = data.get(tid)
-            if held is None or not app.consumer.owns(_TOPIC, partition):
-                continue
+            if held is None or held.due_at > now or tid in self._busy or tid in sending:
+                continue  # fired already, held again for later (its newer entry is on the heap), or running
+            if held.kind in ("intent", "delivery"):
+                sending.add(tid)
+                topic, key, value = self._destination(held)
+                sends.append((tid, partition, held.due_at, held.kind, await send(topic, key, value, None, None, None)))
+            elif held.kind in ("poll", "receipt"):
+                self._busy.add(tid)
+                self._waiting.append((tid, partition))
+                self._start_workers()
+            else:  # not a kind a holder writes (parse_timer refuses it): nothing to do
+                await self._remove([(partition, tid)])
+        if sends:
+            # the payloads written, then their timers removed: never the other way round
+            results = await asyncio.gather(*(s[4] for s in sends), return_exceptions=True)
+            written = clock.now()
+            done = []
+            counts: dict[str, int] = {}
+            for (tid, partition, due, kind, _f), res in zip(sends, results):
+                if isinstance(res, BaseException):
+                    # not written (the broker refused for good): left in the table, fired
+                    # again after the next rebuild rather than lost
+                    log.warning("scheduler: timer %s not fired: %r", tid, res)
+                    self._rebuild = True
+                    continue
+                counts[kind] = counts.get(kind, 0) + 1
+                fire_delay.observe(max(0.0, written - due))
+                held = data.get(tid)
+                if held is not None and held.due_at == due:
+                    done.append((partition, tid))
+            for kind, n in counts.items():
+                fired_total.labels(kind).inc(n)
+            await self._remove(done)
+        took = time.monotonic() - t0
+        if took > SLOW_PASS_S:
+            log.warning("scheduler pass: %d fired in %.1f s", len(sends), took)
+        return taken
+
+    async def _remove(self, items: list[tuple[int, str]]) -> None:
+        """Remove fired timers from the table, a tombstone each on its partition of the
+        changelog (not awaited: a removal lost in a crash fires the timer again)."""
+        if not items:
+            return
+        data = self.timers.data
+        topic = self.timers.changelog_topic.get_topic_name()
+        ser = self.timers.key_serializer
+        send = self.app.producer.send
+        futs = []
+        for partition, tid in items:
+            data.pop(tid, None)
+            futs.append(await send(topic, faust_codecs.dumps(ser, tid), None, partition, None, None))
+        asyncio.ensure_future(self._removed(futs))
+
+    async def _removed(self, futs: list) -> None:
+        for res in await asyncio.gather(*futs, return_exceptions=True):
+            if isinstance(res, ProducerFenced):
+                continue  # the partition moved: its new owner fires the timer again (at least once)
+            if isinstance(res, BaseException):
+                log.warning("scheduler: a fired timer's removal was not written: %r", res)
+
+    def _start_workers(self) -> None:
+        self._workers[:] = [w for w in self._workers if not w.done()]
+        for _ in range(min(ASYNC_WORKERS - len(self._workers), len(self._waiting))):
+            self._workers.append(asyncio.ensure_future(self._async_worker()))
+
+    async def _async_worker(self) -> None:
+        """Runs due poll / receipt timers, one at a time, until none is waiting."""
+        data = self.timers.data
+        while self._waiting:
+            tid, partition = self._waiting.popleft()
             try:
-                await _fire_now(held)
+                held = data.get(tid)
+                if held is None or not self.app.consumer.owns(self.topic, partition):
+                    continue
+                try:
+                    await self._fire_now(held)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - one timer's failure must not stop the others
+                    log.exception("scheduler: timer %s (%s) failed; it is dropped", tid, held.kind)
+                fired_total.labels(held.kind).inc()
+                fire_delay.observe(max(0.0, clock.now() - held.due_at))
+                if data.get(tid) is held:
+                    await self._remove([(partition, tid)])
+            finally:
+                self._busy.discard(tid)
+
+    async def run_scheduler(self) -> None:
+        """Fire due timers for as long as the worker runs: a full pass goes on at once,
+        else the loop sleeps until the next due time (at most :data:`IDLE_S`)."""
+        while True:
+            try:
+                n = await self.fire_due()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one timer's failure must not stop the others
-                log.exception("scheduler: timer %s (%s) failed; it is dropped", tid, held.kind)
-            fired_total.labels(held.kind).inc()
-            fire_delay.observe(max(0.0, clock.now() - held.due_at))
-            if data.get(tid) is held:
-                await _remove([(partition, tid)])
-        finally:
-            _busy.discard(tid)
+            except Exception:  # noqa: BLE001 - the loop must outlive a bad pass
+                self._rebuild = True  # what the pass took off the heap is still in the table
+                log.exception("scheduler pass failed; trying again")
+                await asyncio.sleep(IDLE_S)
+                continue
+            if n >= self.fire_batch:
+                await asyncio.sleep(0)  # the other agents get a turn between full passes
+                continue
+            wait = IDLE_S
+            if self._heap:
+                wait = min(IDLE_S, max(0.001, self._heap[0][0] - clock.now()))
+            await asyncio.sleep(wait)
+
+    async def poll_receipt(self, payload: dict) -> None:
+        """A receipt that did not come: ask the provider (if its protocol can answer)."""
+        from pipeline.rules.plan import outcome
+
+        d = Delivery(**payload["delivery"])
+        store = await self.app.resources.store()
+        rows = await store.get(d.delivery_id)
+        if rows and rows[0]["status"] in (State.DELIVERED, State.UNDELIVERED):
+            return  # the receipt came meanwhile
+        disp = await self.app.resources.dispatcher()
+        provider = disp.providers.get(payload["provider"])
+        if provider is None:
+            return
+        q = await provider.query(d.delivery_id, rows[0]["provider_msg_id"] if rows else None)
+        if q.status in (State.DELIVERED, State.UNDELIVERED):
+            await self.emit.outcomes([outcome(d, d.channel, q.status, time.time(), reason="polled", provider=provider.name,
+                                         provider_msg_id=q.provider_msg_id)])
 
 
-async def run_scheduler() -> None:
-    """Fire due timers for as long as the worker runs: a full pass goes on at once,
-    else the loop sleeps until the next due time (at most :data:`IDLE_S`)."""
-    global _rebuild
-    while True:
-        try:
-            n = await fire_due()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - the loop must outlive a bad pass
-            _rebuild = True  # what the pass took off the heap is still in the table
-            log.exception("scheduler pass failed; trying again")
-            await asyncio.sleep(IDLE_S)
-            continue
-        if n >= FIRE_BATCH:
-            await asyncio.sleep(0)  # the other agents get a turn between full passes
-            continue
-        wait = IDLE_S
-        if _heap:
-            wait = min(IDLE_S, max(0.001, _heap[0][0] - clock.now()))
-        await asyncio.sleep(wait)
-
-
-async def poll_receipt(payload: dict) -> None:
-    """A receipt that did not come: ask the provider (if its protocol can answer)."""
-    from pipeline import runtime
-    from pipeline.rules.plan import outcome
-
-    d = Delivery(**payload["delivery"])
-    store = await runtime.store()
-    rows = await store.get(d.delivery_id)
-    if rows and rows[0]["status"] in (State.DELIVERED, State.UNDELIVERED):
-        return  # the receipt came meanwhile
-    disp = await runtime.dispatcher()
-    provider = disp.providers.get(payload["provider"])
-    if provider is None:
-        return
-    q = await provider.query(d.delivery_id, rows[0]["provider_msg_id"] if rows else None)
-    if q.status in (State.DELIVERED, State.UNDELIVERED):
-        await emit.outcomes([outcome(d, d.channel, q.status, time.time(), reason="polled", provider=provider.name,
-                                     provider_msg_id=q.provider_msg_id)])
-
-
-if roles.runs(_TOPIC):  # where the timers agent runs (pipeline/roles.py)
-    app.task(run_scheduler)
+def register(app: Any, emit: Any, receipts: Any) -> Scheduler:
+    """The scheduler agent (notify.timers) and its firing loop, where the role reads that topic."""
+    sch = Scheduler(app, emit, receipts)
+    if app.runs(app.declared.timers):
+        app.agent(app.declared.timers, name="scheduler")(sch.scheduler)
+        app.on_rebalance_complete.connect(sch._on_rebalance)
+        sch.timers.on_recover(sch._on_recover)
+        app.task(sch.run_scheduler)
+    return sch

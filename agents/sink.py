@@ -10,7 +10,8 @@ decode and a check per outcome, about two per notification.
 
 Nothing is lost on a crash: a commit of the agents' offsets waits until the
 outcomes of what they handled are written, here as on the stream (the
-producer's flush awaits :meth:`Records.flush`, ``app.commit_waits_for``), so
+the app's first sink, ``app.transport_hooks.sinks``: a commit flushes the
+sinks, then the producer, then writes the offsets), so
 the input of an outcome not yet written is read and handled again; and a table
 change that says the work is done (a lane's "done" mark, a fired timer removed)
 is sent only after the records of the outcomes sent before it
@@ -26,30 +27,35 @@ records again from the outcome stream (what the stream still holds).
 
 import asyncio
 import logging
-import os
-from typing import Any, Iterable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Optional
 
-from pipeline import runtime
-from pipeline.app import app
 from pipeline.rules.plan import DUPLICATE
 
-__all__ = ["Records", "records"]
+__all__ = ["Records", "register"]
 
 log = logging.getLogger(__name__)
 
 #: outcomes per transaction
 MAX_BATCH = 2000
-#: how long the first outcome of a batch waits for company
-WITHIN_S = float(os.environ.get("NOTIFY_RECORD_WITHIN_MS", "20")) / 1000
+#: how long the first outcome of a batch waits for company (NOTIFY_RECORD_WITHIN_MS)
+WITHIN_S = 0.020
 #: outcomes queued and not written, past which the agents emitting them wait
 MAX_UNWRITTEN = 20_000
 
+#: what writes a batch: ``await with_store(op, what)`` (pipeline/runtime.py ``Resources.with_store``)
+WithStore = Callable[[Callable[[Any], Awaitable[Any]], str], Awaitable[Any]]
+
 
 class Records:
-    """This worker's queue of outcomes to write, and the task that writes them."""
+    """This worker's queue of outcomes to write, and the task that writes them: a
+    sink (``add()``, ``flush()``) that every commit flushes first."""
 
-    def __init__(self, within_s: float = WITHIN_S, max_batch: int = MAX_BATCH,
+    def __init__(self, with_store: WithStore, within_s: float = WITHIN_S, max_batch: int = MAX_BATCH,
                  max_unwritten: int = MAX_UNWRITTEN) -> None:
+        self.with_store = with_store
+        #: ``await on_refused(outcome, why)`` for an outcome the store refuses (set by
+        #: agents/__init__.py: a dead letter)
+        self.on_refused: Optional[Callable[[Any, str], Awaitable[None]]] = None
         self.within_s = within_s
         self.max_batch = max_batch
         self.max_unwritten = max_unwritten
@@ -110,19 +116,22 @@ class Records:
         delay = 0.1
         while True:
             try:
-                refused = await runtime.with_store(lambda store: store.apply_valid_outcomes(rows), "record")
+                refused = await self.with_store(lambda store: store.apply_valid_outcomes(rows), "record")
                 break
             except Exception:
                 # a bug, not the store being away: keep the rows (commits wait), say so loudly
                 log.exception("writing %d records failed; retrying in %.1fs", len(rows), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        if refused:
-            from . import emit  # emit hands outcomes to this module
+        for o, why in refused or ():
+            if self.on_refused is not None:
+                await self.on_refused(o, why)
+            else:
+                log.error("an outcome the store refused was dropped: %s (%s)", o.delivery_id, why)
 
-            for o, why in refused:
-                await emit.dead_letter("records", "invalid_outcome", o.dumps(), detail=why, key=o.delivery_id)
 
-
-records = Records()
-app.commit_waits_for.append(records.flush)
+def register(app: Any) -> Records:
+    """The app's record sink, the first thing its commits wait for."""
+    records = Records(app.resources.with_store, within_s=app.settings.env.record_within_ms / 1000)
+    app.transport_hooks.sinks.append(records)
+    return records

@@ -1,44 +1,50 @@
 """Preference and device updates, applied to the user's tables from their own
 user-keyed topics (so they are replayable like everything else)."""
 
+from typing import Any
+
 from pipeline import metrics
-from pipeline.app import app, devices_topic, dlq_topic, preferences_topic, settings
 from pipeline.entries import contained
-from tables import devices, preferences
 
-#: tokens a user keeps (push goes to every one of them: pipeline/rules/plan.py per_device)
-MAX_DEVICES = settings.channels["push"].max_devices
+__all__ = ["keep_newest", "register"]
 
 
-@app.agent(preferences_topic, name="preferences")
-async def apply_preferences(stream):
-    async for event in stream.events():
-        async with contained(dlq_topic, event, "preferences"):
-            prefs = event.value
-            current = preferences.get(prefs.user_id)
-            if current is None or prefs.version >= current.version:
-                preferences[prefs.user_id] = prefs
+def register(app: Any) -> None:
+    """The agents applying notify.preferences and notify.devices to the user tables."""
+    t, tables = app.declared, app.user_tables
+    preferences, devices, dlq = tables.preferences, tables.devices, t.dlq
+    #: tokens a user keeps (push goes to every one of them: pipeline/rules/plan.py per_device)
+    max_devices = app.settings.channels["push"].max_devices
 
+    async def apply_preferences(stream):
+        async for event in stream.events():
+            async with contained(dlq, event, "preferences"):
+                prefs = event.value
+                current = preferences.get(prefs.user_id)
+                if current is None or prefs.version >= current.version:
+                    preferences[prefs.user_id] = prefs
 
-@app.agent(devices_topic, name="devices")
-async def apply_devices(stream):
-    async for event in stream.events():
-        async with contained(dlq_topic, event, "devices"):
-            upd = event.value
-            current = devices.get(upd.user_id) or []
-            if upd.op == "remove":
-                # removed as of upd.at (APNs says since when a token is dead): a token
-                # registered again after that stays; no time said (0) removes it
-                cutoff = upd.at or float("inf")
-                held = [d for d in current if d[1] != upd.token or d[2] > cutoff]
-            else:
-                held = [d for d in current if d[1] != upd.token]
-                held.append([upd.platform, upd.token, upd.at])
-                held = keep_newest(held, MAX_DEVICES)
-            if held:
-                devices[upd.user_id] = held
-            else:
-                devices.pop(upd.user_id, None)
+    async def apply_devices(stream):
+        async for event in stream.events():
+            async with contained(dlq, event, "devices"):
+                upd = event.value
+                current = devices.get(upd.user_id) or []
+                if upd.op == "remove":
+                    # removed as of upd.at (APNs says since when a token is dead): a token
+                    # registered again after that stays; no time said (0) removes it
+                    cutoff = upd.at or float("inf")
+                    held = [d for d in current if d[1] != upd.token or d[2] > cutoff]
+                else:
+                    held = [d for d in current if d[1] != upd.token]
+                    held.append([upd.platform, upd.token, upd.at])
+                    held = keep_newest(held, max_devices)
+                if held:
+                    devices[upd.user_id] = held
+                else:
+                    devices.pop(upd.user_id, None)
+
+    app.agent(t.preferences, name="preferences")(apply_preferences)
+    app.agent(t.devices, name="devices")(apply_devices)
 
 
 def keep_newest(held: list, cap: int) -> list:

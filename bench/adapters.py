@@ -35,6 +35,7 @@ from adapters import _http  # noqa: E402
 from adapters.simulators import build_providers_from_info  # noqa: E402
 from adapters.simulators.cloud import build_cloud_providers_from_info  # noqa: E402
 from pipeline.models import Delivery  # noqa: E402
+from pipeline.procs import stop_all  # noqa: E402
 
 CHANNEL = {"twilio": "sms", "smsvendor": "sms", "webhook": "webhook", "apns": "push", "fcm": "push", "hms": "push",
            "smtp": "email"}
@@ -145,9 +146,7 @@ def main() -> None:
             for conc in (1, 50):
                 rows.append(("httpx native", asyncio.run(measure(provider, info, args.calls, conc, f"h{conc}"))))
     finally:
-        for proc in (sims, cloud):
-            proc.terminate()
-            proc.wait(10)
+        stop_all([sims, cloud], 10)
     rows = [(t, r) for t, r in rows if r is not None]
     base = {(r["provider"], r["conc"]): r for t, r in rows if t == "httpx native"}
     print("| adapter | transport | concurrency | calls/s | client CPU µs/call | vs httpx native | results |")

@@ -44,8 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e import cpu_seconds, stop_process, wait  # noqa: E402
+from bench.e2e import cpu_seconds, wait  # noqa: E402
 from bench.otp import pct  # noqa: E402
+from pipeline.procs import stop_process  # noqa: E402
 
 KEY = "bench-api-key-" + uuid.uuid4().hex
 PARTITIONS = 8

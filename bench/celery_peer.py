@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -51,6 +50,8 @@ OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
 from celery import Celery  # noqa: E402
+
+from pipeline.procs import stop_process  # noqa: E402
 
 celery_app = Celery("peer", broker=os.environ.get("PEER_BROKER", "redis://127.0.0.1:6379/0"))
 celery_app.conf.update(
@@ -195,10 +196,10 @@ def send_notification(n: dict) -> None:
 
 
 def make_notifications(n: int, seed: int = 8) -> list[dict]:
-    """The e2e benchmark's mix (bench/e2e.py), expanded the seed's way: recipients x
+    """The e2e benchmark's mix (pipeline/cli/mixes.py, as bench/e2e.py sends it), expanded the seed's way: recipients x
     channels after preferences; quiet-hours users' normal/low notifications and
     opted-out or unreachable channels are dropped at this step."""
-    from bench.e2e import make_events, make_users
+    from pipeline.cli.mixes import make_events, make_users
     from config.settings import load_settings
     from pipeline.rules.channels import pick_channels
 
@@ -343,13 +344,8 @@ def run(n: int, *, prefetch: Optional[int] = None, timeout: float = 900.0, log=p
             ro.close()
             say(f"peer: done: {res.notifications} notifications ({rows} records) in {res.seconds:.1f}s")
         finally:
-            if proc and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if proc:
+                stop_process(proc, 20)
             r.close()
             server.stop()
     return res

@@ -30,7 +30,6 @@ import collections
 import json
 import os
 import random
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -46,7 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
+from pipeline.cli.mixes import make_events, make_users  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
+from pipeline.procs import stop_all, worker_env  # noqa: E402
 from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD, event_key  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
@@ -57,84 +58,7 @@ GROUP = "notify"
 CLK = os.sysconf("SC_CLK_TCK")
 
 # ---------------------------------------------------------------------------
-# the mix (shared with bench/celery_peer.py)
-
-
-@dataclass
-class User:
-    id: str
-    phone: Optional[str] = None
-    email: Optional[str] = None
-    device: Optional[str] = None  # push token (apns)
-    off: tuple = ()  # switched-off "<category>.<channel>" patterns
-    quiet: bool = False
-
-    def prefs(self, hour: int) -> dict:
-        p: dict = {"user_id": self.id, "version": 1, "tz": "UTC"}
-        if self.phone:
-            p["phone"] = self.phone
-        if self.email:
-            p["email"] = self.email
-        if self.off:
-            p["switches"] = {k: False for k in self.off}
-        if self.quiet:  # quiet hours around now: normal/low are deferred, high goes through
-            p["quiet_hours"] = f"{(hour - 1) % 24:02d}:00-{(hour + 3) % 24:02d}:00"
-        return p
-
-
-def make_users(n: int, rng: random.Random) -> list[User]:
-    """Addresses end in ...99 so the fakes' failure scenarios (last four digits
-    0001/0002/0004/0006/0007) never trigger: every send is accepted first time."""
-    users = []
-    for i in range(n):
-        r = rng.random()
-        u = User(f"u{i}")
-        if r < 0.92:
-            u.phone = f"+1555{i:06d}99"
-        if r < 0.85:
-            u.email = f"user{i}99@example.com"
-        if rng.random() < 0.55:
-            u.device = f"tok{i:06d}99"
-        if rng.random() < 0.10:
-            u.off = ("marketing.*",)
-        elif rng.random() < 0.03:
-            u.off = ("transaction.push",)
-        if rng.random() < 0.02:
-            u.quiet = True
-        users.append(u)
-    return users
-
-
-def make_events(n: int, users: list[User], rng: random.Random) -> list[dict]:
-    """otp 30% (one recipient, sms), transaction 45% (1-2 recipients, default
-    channels push+inbox, or 30% of them sms+email), marketing 20% (1-3 recipients, push+email),
-    duplicates ~5% (an earlier event's business key again)."""
-    ids = [u.id for u in users]
-    events: list[dict] = []
-    i = 0
-    while len(events) < n:
-        i += 1
-        r = rng.random()
-        if r < 0.05 and events:
-            events.append(dict(rng.choice(events)))
-            continue
-        if r < 0.35:
-            ev = {"category": "otp", "template": "otp", "channels": ["sms"], "recipients": [rng.choice(ids)],
-                  "params": {"code": f"{rng.randrange(10**6):06d}"}}
-        elif r < 0.80:
-            ev = {"category": "transaction", "template": "order_shipped",
-                  "recipients": rng.sample(ids, rng.randint(1, 2)),
-                  "params": {"order_no": f"O{i}", "carrier": "UPS", "tracking_no": f"1Z{i:08d}",
-                             "tracking_url": f"https://t.example/{i}"}}
-            if rng.random() < 0.3:
-                ev["channels"] = ["sms", "email"]
-        else:
-            ev = {"category": "marketing", "template": "promo", "channels": ["push", "email"],
-                  "recipients": rng.sample(ids, rng.randint(1, 3)),
-                  "params": {"headline": "Winter sale", "discount": "20%", "url": "https://shop.example/sale"}}
-        ev["biz_key"] = f"{ev['category']}:{i}"
-        events.append(ev)
-    return events
+# the mix: pipeline/cli/mixes.py (shared with bench/soak.py and bench/celery_peer.py)
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +235,7 @@ def summarize_inclusive(raw: Path, top: int = 25,
     lines = [f"{'incl%':>6}  function (file)   [project code only]"]
     shown = 0
     for name, n in incl.most_common():
-        if name.startswith(prefixes) and not name.startswith("pipeline/cli.py"):
+        if name.startswith(prefixes) and not name.startswith("pipeline/cli/"):  # the command line around it
             lines.append(f"{100 * n / total:6.1f}  {name}")
             shown += 1
             if shown >= top:
@@ -379,10 +303,17 @@ def worker_shim(out: str) -> None:
     probe(Consumer, "_commit_offsets")
     probe(RecordStore, "apply_outcomes")
 
-    import agents  # noqa: F401
-    from pipeline.app import app
+    import agents
 
-    @app.task
+    register = agents.register_agents
+
+    def register_with_probe(app):  # the worker's app, as `notify worker` builds it
+        parts = register(app)
+        app.task(loop_lag)
+        return parts
+
+    agents.register_agents = register_with_probe
+
     async def loop_lag() -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -526,13 +457,10 @@ class Workers:
     def __init__(self, url: str, tmp: Path, diagnose: bool = False, loop: Optional[str] = None):
         self.diagnose = diagnose
         config = self.config = bench_config(tmp)
-        self.env = dict(
-            os.environ,
-            **({"NOTIFY_CONFIG": str(config)} if config else {}),
-            NOTIFY_BROKER=url, NOTIFY_WORKERS=str(WORKERS), NOTIFY_DATA_DIR=str(tmp / "data"),
-            NOTIFY_DB=str(tmp / "records.db"), NOTIFY_PARTITIONS=str(PARTITIONS), NOTIFY_LEASE="3",
-            NOTIFY_PROVIDERS="fake", PYTHONPATH=str(ROOT),
-            **({"NOTIFY_LOOP": loop} if loop else {}),
+        self.env = worker_env(
+            os.environ, url, workers=WORKERS, NOTIFY_CONFIG=config, NOTIFY_DATA_DIR=tmp / "data",
+            NOTIFY_DB=tmp / "records.db", NOTIFY_PARTITIONS=PARTITIONS, NOTIFY_LEASE=3,
+            NOTIFY_PROVIDERS="fake", PYTHONPATH=ROOT, NOTIFY_LOOP=loop or None,
         )
         self.procs: list[subprocess.Popen] = []
 
@@ -544,7 +472,7 @@ class Workers:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-shim", str(OUT / f"e2e-probes-w{i}.json")]
             self.procs.append(subprocess.Popen(
                 cmd, cwd=str(ROOT),
-                env=dict(self.env, NOTIFY_WORKER_INDEX=str(i)), stdout=log, stderr=subprocess.STDOUT))
+                env=worker_env(self.env, index=i), stdout=log, stderr=subprocess.STDOUT))
 
     def check(self) -> None:
         for i, p in enumerate(self.procs):
@@ -554,33 +482,15 @@ class Workers:
     def stop(self, grace: float = 10.0) -> list[str]:
         """SIGTERM, then SIGKILL after ``grace`` s; a worker still running then gets its
         stacks dumped (py-spy dump) to bench/out/e2e-stop-w<i>.txt. Returns the hung ones."""
-        hung = []
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for i, p in enumerate(self.procs):
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pyspy = str(Path(sys.executable).with_name("py-spy"))
-                with open(OUT / f"e2e-stop-w{i}.txt", "w") as f:
-                    subprocess.run([pyspy, "dump", "-p", str(p.pid)], stdout=f, stderr=subprocess.STDOUT, timeout=30)
-                hung.append(f"worker {i}")
-                p.kill()
-                p.wait()
+        def dump(p: subprocess.Popen) -> None:
+            i = self.procs.index(p)
+            pyspy = str(Path(sys.executable).with_name("py-spy"))
+            with open(OUT / f"e2e-stop-w{i}.txt", "w") as f:
+                subprocess.run([pyspy, "dump", "-p", str(p.pid)], stdout=f, stderr=subprocess.STDOUT, timeout=30)
+
+        hung = [f"worker {self.procs.index(p)}" for p in stop_all(self.procs, grace, on_hung=dump)]
         self.procs = []
         return hung
-
-
-def stop_process(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM, then SIGKILL if it is still running after ``grace`` s."""
-    proc.terminate()
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def wait(cond, timeout: float, what: str, check=None, interval: float = 0.05):

@@ -31,8 +31,9 @@ OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
 from bench.api import start_api  # noqa: E402
-from bench.e2e import cpu_seconds, machine_busy, stop_process  # noqa: E402
+from bench.e2e import cpu_seconds, machine_busy  # noqa: E402
 from bench.otp import pct  # noqa: E402
+from pipeline.procs import stop_process  # noqa: E402
 
 KEY = "bench-ingest-key-0123456789abcdef"
 WARMUP_S = 1.0

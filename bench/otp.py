@@ -60,7 +60,9 @@ sys.path.insert(0, str(ROOT))
 from bench.e2e import (  # noqa: E402
     PARTITIONS, WORKERS, Lag, Workers, cpu_seconds, machine_busy, summarize_inclusive, summarize_raw, wait)
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
-from pipeline.roles import app_id, main_nice, main_sched  # noqa: E402
+from pipeline.procs import worker_env  # noqa: E402
+from config.settings import load_settings  # noqa: E402
+from pipeline.roles import app_id  # noqa: E402
 from pipeline.topics import EVENTS, PREFERENCES, event_key, events_for  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -85,6 +87,7 @@ def worker_shim(out: str) -> None:
     """A pipeline worker with timestamps per OTP stage and a count of low-lane calls
     per second, appended to ``out`` (JSON lines) every 0.2 s."""
     import agents  # noqa: F401
+    import agents.emit
     import agents.expand
     import agents.guard
     import agents.lanes
@@ -121,24 +124,24 @@ def worker_shim(out: str) -> None:
     wrap_sync(agents.lanes, "put", "take",
               lambda a, k, _r: ("did:" + a[2]) if a[3].get("s") == "calling" and a[2] in did_key else None)
 
-    orig_step = agents.lanes.step
+    orig_step = agents.lanes.Lanes.step
 
-    async def step(d, disp, unknown):
+    async def step(self, d, disp, unknown):
         if otp_key(d.biz_key):
             q.append(("step", d.biz_key, time.time()))
-        return await orig_step(d, disp, unknown)
+        return await orig_step(self, d, disp, unknown)
 
-    agents.lanes.step = step
+    agents.lanes.Lanes.step = step
 
     # delivery ids of OTPs are known once the guard emitted them: wrap emit.deliver
-    orig_deliver = agents.guard.emit.deliver
+    orig_deliver = agents.emit.Emit.deliver
 
-    async def deliver(d, *a, **k):
+    async def deliver(self, d, *a, **k):
         if otp_key(d.biz_key):
             did_key[d.delivery_id] = d.biz_key
-        return await orig_deliver(d, *a, **k)
+        return await orig_deliver(self, d, *a, **k)
 
-    agents.guard.emit.deliver = deliver
+    agents.emit.Emit.deliver = deliver
 
     orig_send = FakeProvider.send
 
@@ -191,9 +194,9 @@ class ShimWorkers(Workers):
         for i, role in enumerate(self.roles):
             self.outs[i].unlink(missing_ok=True)
             log = open(OUT / f"otp-{tag}-w{i}.log", "w")
-            env = dict(self.env, NOTIFY_WORKER_INDEX=str(i), NOTIFY_ROLE=role)
+            env = worker_env(self.env, role=role, index=i)
             if role == "priority":  # a group of its own, every partition in this one process
-                env.update(NOTIFY_WORKERS="1", NOTIFY_WORKER_INDEX="0")
+                env = worker_env(env, workers=1, index=0)
             self.procs.append(subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--worker-shim", str(self.outs[i])], cwd=str(ROOT),
                 env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -445,8 +448,8 @@ def report(idle: Point, curve: list[Point], args, default_batch: int) -> str:
         "The HTTP hop itself is measured by bench/ingest.py."
         + (" **Priority worker**: the two workers run `NOTIFY_ROLE=main` and a third process runs the high-priority "
            "path (`NOTIFY_ROLE=priority`: expand.high, guard.high, lane.*.high; pipeline/roles.py); the main "
-           f"workers lower their CPU priority: scheduling class `{main_sched()}` (`NOTIFY_MAIN_SCHED`) and nice "
-           f"+{main_nice()} (`NOTIFY_MAIN_NICE`)."
+           f"workers lower their CPU priority: scheduling class `{load_settings().env.main_sched}` (`NOTIFY_MAIN_SCHED`) and nice "
+           f"+{load_settings().env.main_nice} (`NOTIFY_MAIN_NICE`)."
            if args.priority_worker else ""),
         "",
         f"(b): a backlog of **{args.backlog:,} marketing events** (one recipient, e-mail only: one low-lane delivery "

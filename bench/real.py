@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import random
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -35,7 +34,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.cli import _send_raw  # noqa: E402
+from pipeline.cli.demo import wait_ready  # noqa: E402
+from pipeline.cli.send import send_raw  # noqa: E402
+from pipeline.procs import stop_process  # noqa: E402
 from pipeline.topics import event_key  # noqa: E402
 
 TERMINAL = ("FILTERED", "ACCEPTED", "DELIVERED", "UNDELIVERED", "FAILED", "REVIEW", "SCHEDULED")
@@ -105,12 +106,10 @@ def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: flo
         while not flag.exists() and time.time() < deadline:
             time.sleep(0.1)
         url = flag.read_text().strip()
-        from pipeline.demo import _wait_ready
-
-        _wait_ready(url)
+        wait_ready(url)
         prefs, devs = users(n_users)
-        asyncio.run(_send_raw(url, "notify.preferences", prefs))
-        asyncio.run(_send_raw(url, "notify.devices", devs))
+        asyncio.run(send_raw(url, "notify.preferences", prefs))
+        asyncio.run(send_raw(url, "notify.devices", devs))
         time.sleep(3)  # the profiles applied in both consumer groups
         procs = {p.pid: p for p in psutil.Process(run.pid).children()}
         cpu0 = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}
@@ -120,7 +119,7 @@ def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: flo
         def otps() -> None:  # 20/s throughout, as producers send them
             i = 0
             while not stop.is_set():
-                asyncio.run(_send_raw(url, "notify.events.high", [otp(i, n_users)]))
+                asyncio.run(send_raw(url, "notify.events.high", [otp(i, n_users)]))
                 i += 1
                 sent[0] = i
                 stop.wait(1 / otp_rate)
@@ -130,7 +129,7 @@ def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: flo
         t.start()
         rng = random.Random(11)
         for i in range(0, events, 5000):  # the burst, as fast as a producer writes it
-            asyncio.run(_send_raw(url, "notify.events", campaign(i, min(5000, events - i), n_users, rng)))
+            asyncio.run(send_raw(url, "notify.events", campaign(i, min(5000, events - i), n_users, rng)))
         db = data / "records.db"
         last, still = (0, 0), 0
         while time.time() - t0 < timeout:
@@ -151,11 +150,7 @@ def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: flo
                for pid, p in procs.items() if p.is_running()}
         return report(db, elapsed, cpu, providers)
     finally:
-        run.send_signal(signal.SIGTERM)
-        try:
-            run.wait(60)
-        except subprocess.TimeoutExpired:
-            run.kill()
+        stop_process(run, 60)
 
 
 def report(db: Path, elapsed: float, cpu: dict, providers: str) -> dict:

@@ -50,7 +50,6 @@ import csv
 import json
 import os
 import random
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -66,8 +65,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e import User, make_users  # noqa: E402
+from pipeline.cli.mixes import DUPLICATES, User, make_users, mix_event  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
+from pipeline.procs import stop_all, worker_env  # noqa: E402
 from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD, event_key  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 
@@ -219,8 +219,8 @@ def trace_growth(out: Path, first_s: float = 90.0, every_s: float = 60.0, frames
 
 
 class Feed:
-    """An endless mix like bench/e2e.py make_events; repeats draw from the last 2,000
-    events so they land inside the dedup window."""
+    """An endless mix, bench/e2e.py's (pipeline/cli/mixes.py ``mix_event``); repeats
+    draw from the last 2,000 events so they land inside the dedup window."""
 
     def __init__(self, users: list[User], rng: random.Random):
         self.ids = [u.id for u in users]
@@ -236,24 +236,10 @@ class Feed:
         self.i += 1
         i = self.i
         r = rng.random()
-        if r < 0.05 and self.recent:
+        if r < DUPLICATES and self.recent:
             self.repeats += 1
             return dict(rng.choice(self.recent))
-        if r < 0.35:
-            ev = {"category": "otp", "template": "otp", "channels": ["sms"], "recipients": [rng.choice(ids)],
-                  "params": {"code": f"{rng.randrange(10**6):06d}"}}
-        elif r < 0.80:
-            ev = {"category": "transaction", "template": "order_shipped",
-                  "recipients": rng.sample(ids, rng.randint(1, 2)),
-                  "params": {"order_no": f"O{i}", "carrier": "UPS", "tracking_no": f"1Z{i:08d}",
-                             "tracking_url": f"https://t.example/{i}"}}
-            if rng.random() < 0.3:
-                ev["channels"] = ["sms", "email"]
-        else:
-            ev = {"category": "marketing", "template": "promo", "channels": ["push", "email"],
-                  "recipients": rng.sample(ids, rng.randint(1, 3)),
-                  "params": {"headline": "Winter sale", "discount": "20%", "url": "https://shop.example/sale"}}
-        ev["biz_key"] = f"soak-{ev['category']}:{i}"
+        ev = mix_event(r, rng, ids, i, tag="soak-")
         self.recent.append(ev)
         if len(self.recent) > 2000:
             del self.recent[:1000]
@@ -555,11 +541,11 @@ def run(minutes: float, rate: float, *, workers: int = 2, n_users: int = 5000, p
         tmp = Path(tmpdir)
         server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
         url = f"{server.url}?compact={compact_s:g}&tombstones={tombstone_s:g}&keep={keep_s:g}"
-        env = dict(
-            os.environ, NOTIFY_CONFIG=str(soak_config(tmp, dedup_window_s)), NOTIFY_BROKER=url,
-            NOTIFY_WORKERS=str(workers), NOTIFY_DATA_DIR=str(tmp / "data"), NOTIFY_DB=str(tmp / "records.db"),
-            NOTIFY_PARTITIONS=str(partitions), NOTIFY_LEASE="3", NOTIFY_PROVIDERS="fake",
-            NOTIFY_PURGE_EVERY_S=str(purge_s), NOTIFY_INFLIGHT_KEEP_S=str(inflight_keep_s), PYTHONPATH=str(ROOT),
+        env = worker_env(
+            os.environ, url, workers=workers, NOTIFY_CONFIG=soak_config(tmp, dedup_window_s),
+            NOTIFY_DATA_DIR=tmp / "data", NOTIFY_DB=tmp / "records.db", NOTIFY_PARTITIONS=partitions,
+            NOTIFY_LEASE=3, NOTIFY_PROVIDERS="fake", NOTIFY_PURGE_EVERY_S=purge_s,
+            NOTIFY_INFLIGHT_KEEP_S=inflight_keep_s, PYTHONPATH=ROOT,
         )
         env.pop("REDIS_URL", None)
         procs: list[subprocess.Popen] = []
@@ -578,7 +564,7 @@ def run(minutes: float, rate: float, *, workers: int = 2, n_users: int = 5000, p
                 cmd = [sys.executable, "-m", "pipeline.cli", "worker", "-l", "warn"]
                 if not full_fake_ledger:
                     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-shim", "warn"]
-                procs.append(subprocess.Popen(cmd, cwd=str(ROOT), env=dict(env, NOTIFY_WORKER_INDEX=str(i)),
+                procs.append(subprocess.Popen(cmd, cwd=str(ROOT), env=worker_env(env, index=i),
                                               stdout=open(OUT / f"{tag}-w{i}.log", "w"), stderr=subprocess.STDOUT))
             sampler = Sampler(r, partitions, [p.pid for p in procs], tmp / "records.db", tmp / "redis")
 
@@ -692,15 +678,7 @@ def run(minutes: float, rate: float, *, workers: int = 2, n_users: int = 5000, p
             loop.run_until_complete(prod.stop())
             loop.close()
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_all(procs, 15)
             r.close()
             server.stop()
             say(f"{tag}: workers and server stopped")

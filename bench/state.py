@@ -50,8 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e import PARTITIONS, cpu_seconds, stop_process, wait  # noqa: E402
+from bench.e2e import PARTITIONS, cpu_seconds, wait  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
+from pipeline.procs import stop_process, worker_env  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
 TARGET_RECOVERY_S = 10.0
@@ -134,10 +135,10 @@ def run_worker(url: str, tmp: Path, what: str, expect_dedup: int = 0, expect_dai
     t_spawn = time.time()
     out = OUT / f"state-probe-{what.split()[0]}.json"
     out.unlink(missing_ok=True)
-    env = dict(os.environ, NOTIFY_BROKER=url + "?compact=0", NOTIFY_WORKERS="1", NOTIFY_DATA_DIR=str(tmp / "data"),
-               NOTIFY_DB=str(tmp / "records.db"), NOTIFY_PARTITIONS=str(PARTITIONS), NOTIFY_LEASE="5",
-               NOTIFY_PROVIDERS="fake", PYTHONPATH=str(ROOT), NOTIFY_PURGE_EVERY_S="86400",
-               STATE_EXPECT_DEDUP=str(expect_dedup), STATE_EXPECT_DAILY=str(expect_daily))
+    env = worker_env(os.environ, url + "?compact=0", workers=1, NOTIFY_DATA_DIR=tmp / "data",
+                     NOTIFY_DB=tmp / "records.db", NOTIFY_PARTITIONS=PARTITIONS, NOTIFY_LEASE=5,
+                     NOTIFY_PROVIDERS="fake", PYTHONPATH=ROOT, NOTIFY_PURGE_EVERY_S=86400,
+                     STATE_EXPECT_DEDUP=str(expect_dedup), STATE_EXPECT_DAILY=str(expect_daily))
     log = open(OUT / f"state-{what.split()[0]}.log", "w")
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker-shim", str(out)],
                             cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)

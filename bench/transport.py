@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.results import write_section  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
+from pipeline.procs import stop_process  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
 
@@ -74,8 +75,7 @@ def faust_run(url: str, mode: str, n: int, tmp: str) -> float:
             time.sleep(0.2)
         raise RuntimeError(f"{mode} did not finish")
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc, 30)
 
 
 async def faust_produce(url: str, n: int) -> float:

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .environment import Environment, EnvError, read_env
+
 __all__ = [
     "CHANNELS",
     "PRIORITIES",
@@ -191,6 +193,8 @@ class Settings:
     #: the API's (PUT /v1/releases/<name>) win over these by name
     releases: tuple = ()
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    #: the process's knobs from the environment (config/environment.py): read once, here
+    env: Environment = field(default_factory=Environment)
 
     def category(self, name: str) -> CategoryConfig:
         """The category's config; KeyError when unknown."""
@@ -220,14 +224,18 @@ class Settings:
 
 def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] = os.environ) -> Settings:
     """Defaults, then the user file (``path`` or ``$NOTIFY_CONFIG``), then env vars."""
+    try:
+        knobs = read_env(env)
+    except EnvError as exc:
+        raise ConfigError(str(exc), exc.key, exc.value) from None
     raw = _read_toml(DEFAULTS_PATH)
     user_dir: Path | None = None
-    path = path or env.get("NOTIFY_CONFIG") or None
+    path = path or knobs.config or None
     if path:
         user_path = Path(path)
         raw = _merge(raw, _read_toml(user_path))
         user_dir = user_path.resolve().parent
-    return _build(raw, env, user_dir)
+    return _build(raw, knobs, user_dir)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -283,7 +291,7 @@ _CATEGORY_KEYS = {"priority", "max_priority", "rate_windows", "daily_limit", "de
 _API_KEYS = {"header_timeout_s", "body_timeout_s", "receipt_max_age_s", "receipt_max_ahead_s"}
 
 
-def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -> Settings:
+def _build(raw: dict[str, Any], env: Environment, user_dir: Path | None) -> Settings:
     _no_unknown(raw, _TOP_KEYS, "")
 
     tdir = raw.get("templates_dir", "")
@@ -302,17 +310,17 @@ def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -
     if not isinstance(locale, str) or not _LOCALE_RE.match(locale):
         raise _bad("default_locale", locale, "a locale like 'en' or 'zh-CN'")
 
-    data_dir = env.get("NOTIFY_DATA_DIR") or raw.get("data_dir", "./data")
+    data_dir = env.data_dir or raw.get("data_dir", "./data")
     if not isinstance(data_dir, str) or not data_dir:
         raise _bad("data_dir", data_dir, "a non-empty path string")
-    db_path = env.get("NOTIFY_DB") or raw.get("db_path") or os.path.join(data_dir, "records.db")
+    db_path = env.db or raw.get("db_path") or os.path.join(data_dir, "records.db")
     if not isinstance(db_path, str):
         raise _bad("db_path", db_path, "a path string")
-    redis_url = env.get("REDIS_URL") or raw.get("redis_url") or None
+    redis_url = env.redis_url or raw.get("redis_url") or None
     if redis_url is not None and (not isinstance(redis_url, str) or "://" not in redis_url):
         raise _bad("redis_url", redis_url, "a URL like redis://host:6379/0")
-    if env.get("NOTIFY_PARTITIONS"):
-        part_raw: Any = env["NOTIFY_PARTITIONS"]
+    if env.partitions:
+        part_raw: Any = env.partitions
         try:
             part_raw = int(part_raw)
         except ValueError:
@@ -350,6 +358,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str], user_dir: Path | None) -
         backpressure=_backpressure(raw.get("backpressure", {}), categories),
         releases=_releases(raw.get("releases", {})),
         callbacks=_callbacks(raw.get("callbacks", {}), env),
+        env=env,
     )
 
 
@@ -406,7 +415,7 @@ _CALLBACK_KEYS = {"enabled", "base_delay_s", "max_delay_s", "retry_for_s", "time
                   "target_ttl_s", "allow"}
 
 
-def _callbacks(raw: Any, env: Mapping[str, str]) -> CallbacksConfig:
+def _callbacks(raw: Any, env: Environment) -> CallbacksConfig:
     if not isinstance(raw, dict):
         raise _bad("callbacks", raw, "a table")
     _no_unknown(raw, _CALLBACK_KEYS, "callbacks.")
@@ -419,7 +428,7 @@ def _callbacks(raw: Any, env: Mapping[str, str]) -> CallbacksConfig:
         allow = [allow]
     if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
         raise _bad("callbacks.allow", allow, "a list of hosts, CIDRs or address:port endpoints")
-    allow = allow + [env.get("NOTIFY_CALLBACK_ALLOW", "")]
+    allow = allow + [env.callback_allow]
     entries = tuple(x.strip() for a in allow for x in a.split(",") if x.strip())
     num = lambda k, lo: _number(f"callbacks.{k}", raw.get(k, getattr(d, k)), lo)  # noqa: E731
     base, top = num("base_delay_s", 0.001), num("max_delay_s", 0.001)

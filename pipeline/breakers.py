@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from typing import Any, Callable, Optional
@@ -23,9 +22,12 @@ __all__ = ["BreakerBoard", "read_breakers", "worker_name"]
 log = logging.getLogger(__name__)
 
 
-def worker_name() -> str:
-    role = os.environ.get("NOTIFY_ROLE") or "all"
-    return f"{socket.gethostname()}/{role}-{os.environ.get('NOTIFY_WORKER_INDEX', '0')}"
+def worker_name(env: Any = None) -> str:
+    """``<host>/<role>-<index>`` of this worker (``env``: ``settings.env``)."""
+    from config.environment import read_env
+
+    env = env if env is not None else read_env()
+    return f"{socket.gethostname()}/{env.worker_slot()}"
 
 
 class BreakerBoard:

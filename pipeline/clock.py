@@ -5,15 +5,16 @@ hours, ``send_at``, dedup windows, when a timer is due, retry times) takes its
 ``now`` from here, so a test can move the clock of a running worker without
 touching the system clock:
 
-``NOTIFY_CLOCK_OFFSET_S``
+``NOTIFY_CLOCK_OFFSET_S`` (``settings.env.clock_offset_s``)
     seconds added to ``time.time()`` (fixed for the process);
-``NOTIFY_CLOCK_FILE``
+``NOTIFY_CLOCK_FILE`` (``settings.env.clock_file``)
     a file holding the offset in seconds (a float); re-read when its
     modification time changes, at most every 0.1 s, so writing a new number to
     it makes the running worker's clock jump (forward or back). A missing or
     unreadable file means offset 0 (plus ``NOTIFY_CLOCK_OFFSET_S``).
 
-Neither set (production): ``now()`` is ``time.time()``. Only wall-clock
+A process applies them with :func:`configure` (pipeline/app.py ``create_app``
+does for a worker). Neither set (production): ``now()`` is ``time.time()``. Only wall-clock
 decisions use it; timeouts, leases and latencies keep ``time.monotonic``.
 """
 
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Optional
 
-__all__ = ["now", "offset"]
+__all__ = ["configure", "now", "offset"]
 
-_BASE = float(os.environ.get("NOTIFY_CLOCK_OFFSET_S") or 0.0)
-_FILE = os.environ.get("NOTIFY_CLOCK_FILE") or None
+#: set by the process's factory from ``settings.env`` (:func:`configure`)
+_BASE = 0.0
+_FILE: Optional[str] = None
 _CHECK_EVERY_S = 0.1
 
 _offset = _BASE
@@ -52,6 +55,13 @@ def _refresh() -> None:
         _mtime = mtime
     except (OSError, ValueError):
         pass  # a half-written file: keep the last offset, read it again next time
+
+
+def configure(offset_s: float, file: Optional[str]) -> None:
+    """Set the clock's offset and file (``settings.env``), as a process's factory does."""
+    global _BASE, _FILE, _offset, _checked, _mtime
+    _BASE, _FILE = float(offset_s), file or None
+    _offset, _checked, _mtime = _BASE, float("-inf"), None
 
 
 def offset() -> float:

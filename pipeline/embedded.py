@@ -12,12 +12,13 @@ its directory, AOF and log are its user's only.
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
+
+from pipeline.procs import stop_process
 
 __all__ = ["EmbeddedRedis", "server_binary", "free_port"]
 
@@ -133,12 +134,7 @@ class EmbeddedRedis:
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, timeout)
         self.proc = None
 
     def kill(self) -> None:

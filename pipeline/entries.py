@@ -10,7 +10,7 @@ failure is acknowledged and dead-lettered by :class:`CheckedTopic` instead.
 
 What is checked, per model: the size (``oversized``), JSON (``bad_json``,
 ``not_an_object``, ``empty`` for an entry without a value), the schema version
-and every field (the reasons of :mod:`pipeline.rules.validate`), and for the
+and every field (the reasons of :mod:`pipeline.parsers.events`), and for the
 topics keyed by user, that the key is the record's ``user_id`` (``wrong_key``:
 a user's tables live in the partition of their id). A key that is not UTF-8 is
 ``bad_key``. An entry whose transport fields could not be decoded (a timestamp
@@ -40,8 +40,8 @@ from faust.exceptions import KeyDecodeError, ValueDecodeError
 
 from pipeline import metrics, redact
 from pipeline.models import DeadLetter, Delivery, DeviceUpdate, Intent, Outcome, Preferences, Receipt, Timer
-from pipeline.rules import records
-from pipeline.rules.validate import InvalidEvent, parse_device_update, parse_preferences, parse_receipt
+from pipeline.parsers import messages as records
+from pipeline.parsers.events import InvalidEvent, parse_device_update, parse_preferences, parse_receipt
 from pipeline.transport import ProducerFenced
 from pipeline.transport.client import TRANSIENT_ERRORS
 from pipeline.transport.consumer import MALFORMED

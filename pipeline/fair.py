@@ -15,7 +15,6 @@ an OTP by one pass of the loop.
 """
 
 import asyncio
-import os
 from time import perf_counter
 from typing import Awaitable, Callable
 
@@ -24,8 +23,9 @@ from .transport.priority import priority_task
 
 __all__ = ["SLICE_S", "turns", "turns_for"]
 
-#: most time an agent holds the event loop before it gives others a turn
-SLICE_S = float(os.environ.get("NOTIFY_SLICE_MS", "2")) / 1000
+#: most time an agent holds the event loop before it gives others a turn (the
+#: default of ``NOTIFY_SLICE_MS``)
+SLICE_S = 0.002
 
 
 def turns(slice_s: float = SLICE_S) -> Callable[[], Awaitable[None]]:
@@ -54,4 +54,5 @@ def turns_for(stream) -> Callable[[], Awaitable[None]]:
     if stream.channel.get_topic_name() in PRIORITY:
         priority_task()
         return _keep
-    return turns()
+    settings = getattr(stream.app, "settings", None)  # NOTIFY_SLICE_MS (settings.env)
+    return turns(settings.env.slice_ms / 1000 if settings is not None else SLICE_S)

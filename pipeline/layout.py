@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .procs import worker_env
+
 __all__ = ["Proc", "plan", "default_workers", "describe", "simulator_providers", "SIMULATOR_ROUTES"]
 
 
@@ -49,13 +51,13 @@ def plan(env: dict, *, workers: int, priority_process: bool, api_port: int, metr
     role = "main" if priority_process else "all"
     port = metrics_port or None
     if priority_process:
-        penv = dict(env, NOTIFY_ROLE="priority", NOTIFY_WORKERS="1", NOTIFY_WORKER_INDEX="0")
+        penv = worker_env(env, role="priority", workers=1, index=0)
         if port:
             penv["NOTIFY_METRICS_PORT"] = str(port + workers)
         procs.append(Proc("priority", ("pipeline.cli", "worker", "-l", loglevel, "--role", "priority"), penv,
                           metrics_port=port + workers if port else None))
     for i in range(workers):
-        wenv = dict(env, NOTIFY_ROLE=role, NOTIFY_WORKERS=str(workers), NOTIFY_WORKER_INDEX=str(i))
+        wenv = worker_env(env, role=role, workers=workers, index=i)
         if port:
             wenv["NOTIFY_METRICS_PORT"] = str(port + i)
         procs.append(Proc(f"{role if priority_process else 'worker'}-{i}",

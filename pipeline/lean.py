@@ -28,7 +28,6 @@ worker CPU per notification, within this machine's run-to-run noise.
 """
 
 import gc
-import os
 from typing import Any
 
 from faust.sensors.base import SensorDelegate
@@ -74,10 +73,10 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
-def use_fast_loop() -> str:
-    """Make the loops created from now on uvloop's (unless ``NOTIFY_LOOP=asyncio``
-    or uvloop is missing); returns the loop in use: ``"uvloop"`` or ``"asyncio"``."""
-    if os.environ.get("NOTIFY_LOOP", "uvloop") == "asyncio":
+def use_fast_loop(loop: str = "uvloop") -> str:
+    """Make the loops created from now on uvloop's (unless ``loop`` is ``asyncio``:
+    ``NOTIFY_LOOP``, or uvloop is missing); returns the loop in use."""
+    if loop == "asyncio":
         return "asyncio"
     try:
         import mode.loop

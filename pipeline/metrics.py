@@ -61,3 +61,22 @@ push_devices_not_sent = Counter("notify_push_devices_not_sent_total",
                                 "Devices a push did not go to: over [channels.push] max_devices, the oldest")
 push_devices_dropped = Counter("notify_push_devices_dropped_total",
                                "Push tokens dropped at registration: the user had [channels.push] max_devices newer")
+
+
+def on_rebalance(seconds: float, generation: int) -> None:
+    """A completed rebalance of an elastic group (the transport's hook)."""
+    rebalances.inc()
+    rebalance_seconds.observe(seconds)
+    group_generation.set(generation)
+
+
+offset_rollbacks = Counter(
+    "notify_offset_rollbacks_total",
+    "Committed offsets found past their partition's end at a seek (a stream rolled back), and repaired",
+    ["topic"],
+)
+
+
+def on_offset_rollback(topic: str, partition: int, committed: int, end: int) -> None:
+    """The transport found (and repaired) a committed offset ahead of its stream (pipeline/transport/integrity.py)."""
+    offset_rollbacks.labels(topic).inc()

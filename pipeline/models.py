@@ -234,7 +234,7 @@ class DeviceUpdate(_Record):
 
     user_id: str
     token: str
-    platform: str = "apns"  # apns | fcm | hms (pipeline.rules.validate.PUSH_PLATFORMS)
+    platform: str = "apns"  # apns | fcm | hms (pipeline.parsers.events.PUSH_PLATFORMS)
     op: str = "add"  # add | remove
     at: float = 0.0
     v: int = SCHEMA_VERSION

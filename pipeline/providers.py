@@ -37,7 +37,9 @@ def fake_providers(latency: Optional[float] = None) -> tuple[dict, dict]:
     unless ``NOTIFY_FAKE_LATENCY``): ``(tables, secrets)`` as
     :func:`pipeline.layout.simulator_providers` gives them (the fakes have no secret)."""
     if latency is None:
-        latency = float(os.environ.get("NOTIFY_FAKE_LATENCY", "0"))
+        from config.environment import read_env
+
+        latency = read_env().fake_latency_s
     tables: dict = {"inbox": {"kind": "inbox"}}
     for name, channel in (("apns", "push"), ("fcm", "push"), ("hms", "push"), ("sms_a", "sms"), ("sms_b", "sms"),
                           ("email", "email"), ("webhook", "webhook")):
@@ -62,10 +64,10 @@ def provider_specs(tables: dict, conf: Any) -> tuple[dict, dict]:
     return specs, parse_routes(tables["routes"], specs)
 
 
-def provider_source(conf: Any, env: Optional[Mapping[str, str]] = None) -> str:
-    """``NOTIFY_PROVIDERS``, else ``config`` when the settings have ``[routes]``, else ``fake``."""
-    env = os.environ if env is None else env
-    return env.get("NOTIFY_PROVIDERS") or ("config" if conf.routes else "fake")
+def provider_source(conf: Any) -> str:
+    """``NOTIFY_PROVIDERS`` (``conf.env.providers``), else ``config`` when the settings
+    have ``[routes]``, else ``fake``."""
+    return conf.env.providers or ("config" if conf.routes else "fake")
 
 
 def provider_set(conf: Any, env: Optional[Mapping[str, str]] = None, info: Optional[dict] = None) -> tuple[Any, dict]:
@@ -78,7 +80,7 @@ def provider_set(conf: Any, env: Optional[Mapping[str, str]] = None, info: Optio
     from .layout import simulator_providers
 
     env = os.environ if env is None else env
-    source = provider_source(conf, env)
+    source = provider_source(conf)
     if source == "config":
         if not conf.routes:
             raise ConfigError("NOTIFY_PROVIDERS=config: the config has no [routes] (README \"Real providers\")",
@@ -90,9 +92,9 @@ def provider_set(conf: Any, env: Optional[Mapping[str, str]] = None, info: Optio
         if source == "simulators":
             if info is None:
                 raise ConfigError("NOTIFY_PROVIDERS=simulators: no simulators' info", "NOTIFY_SIMULATORS", None)
-            tables, secrets = simulator_providers(info, float(env.get("NOTIFY_PROVIDER_TIMEOUT", "5")))
+            tables, secrets = simulator_providers(info, conf.env.provider_timeout_s)
         else:
-            tables, secrets = fake_providers()
+            tables, secrets = fake_providers(conf.env.fake_latency_s)
         specs, routes = provider_specs(tables, conf)
     else:
         raise ConfigError(f"NOTIFY_PROVIDERS: unknown {source!r} (config, simulators or fake)", "NOTIFY_PROVIDERS",
@@ -109,7 +111,7 @@ def check_at_start(conf: Any, env: Optional[Mapping[str, str]] = None) -> None:
     from config.settings import ConfigError
 
     env = os.environ if env is None else env
-    if provider_source(conf, env) != "config":
+    if provider_source(conf) != "config":
         return
     if not conf.routes:
         raise ConfigError("NOTIFY_PROVIDERS=config: the config has no [routes] (README \"Real providers\")",

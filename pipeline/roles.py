@@ -1,4 +1,5 @@
-"""Worker roles: which agents a worker process runs (``NOTIFY_ROLE``).
+"""Worker roles: which agents a worker process runs (``create_app(settings, role)``;
+``notify worker --role``, or ``NOTIFY_ROLE`` read into ``settings.env.role``).
 
 ``all`` (the default) runs every agent. For OTPs that never wait behind a
 backlog, run the high-priority path in a process of its own:
@@ -38,22 +39,19 @@ handles the timers and receipts.
 import logging
 import os
 
+from config.environment import ROLES, SCHED_CLASSES
+
 from .topics import DEVICES, PREFERENCES, PRIORITY
 
-__all__ = ["GROUPS", "ROLE", "ROLES", "SHARED", "app_id", "runs", "offset_peers", "main_nice", "main_sched", "lower_priority"]
+__all__ = ["GROUPS", "ROLES", "SCHED_CLASSES", "SHARED", "app_id", "runs", "offset_peers", "lower_priority"]
 
 log = logging.getLogger(__name__)
-
-ROLES = ("all", "main", "priority")
-ROLE = os.environ.get("NOTIFY_ROLE") or "all"
-if ROLE not in ROLES:
-    raise SystemExit(f"NOTIFY_ROLE must be one of {', '.join(ROLES)}, got {ROLE!r}")
 
 #: topics whose agents every role runs (each role keeps its own tables of them)
 SHARED = frozenset([PREFERENCES, DEVICES])
 
 
-def runs(topic: str, role: str = ROLE) -> bool:
+def runs(topic: str, role: str) -> bool:
     """Whether a worker of ``role`` runs the agent reading ``topic``: the priority
     role those of the priority topics (pipeline/topics.py PRIORITY, the same set the
     transport reads and writes apart), the main role the others."""
@@ -62,7 +60,7 @@ def runs(topic: str, role: str = ROLE) -> bool:
     return (topic in PRIORITY) == (role == "priority")
 
 
-def app_id(role: str = ROLE) -> str:
+def app_id(role: str) -> str:
     """The Faust app id (= consumer group, and the prefix of the tables' changelogs)."""
     return "notify-priority" if role == "priority" else "notify"
 
@@ -71,7 +69,7 @@ def app_id(role: str = ROLE) -> str:
 GROUPS = (app_id("main"), app_id("priority"))
 
 
-def offset_peers(role: str = ROLE) -> dict[str, tuple[str, ...]]:
+def offset_peers(role: str) -> dict[str, tuple[str, ...]]:
     """Topic → the other consumer group that reads it when the deployment runs the
     other way (``app.offset_peers``, used by the transport's consumer when it seeks
     to its committed offsets). The priority topics are read by ``notify`` while
@@ -83,32 +81,15 @@ def offset_peers(role: str = ROLE) -> dict[str, tuple[str, ...]]:
     return {topic: (other,) for topic in PRIORITY}
 
 
-def main_nice() -> int:
-    """The nice increment a ``main`` worker takes at start (see the module doc)."""
-    return int(os.environ.get("NOTIFY_MAIN_NICE", "10"))
-
-
-#: NOTIFY_MAIN_SCHED → the Linux scheduling class a ``main`` worker takes at start
-SCHED_CLASSES = {"idle": "SCHED_IDLE", "batch": "SCHED_BATCH", "normal": None}
-
-
-def main_sched() -> str:
-    """The scheduling class a ``main`` worker takes at start (see the module doc)."""
-    name = os.environ.get("NOTIFY_MAIN_SCHED") or "idle"
-    if name not in SCHED_CLASSES:
-        raise SystemExit(f"NOTIFY_MAIN_SCHED must be one of {', '.join(SCHED_CLASSES)}, got {name!r}")
-    return name
-
-
-def lower_priority(role: str = ROLE) -> int:
+def lower_priority(role: str, nice: int = 10, sched: str = "idle") -> int:
     """Lower this process's CPU priority if it is a ``main`` worker: the nice
     increment and the scheduling class, for every thread it has (Linux keeps both
     per thread; threads started later inherit them). Returns the increment taken
     (0 for the other roles)."""
     if role != "main":
         return 0
-    nice = max(0, main_nice())
-    policy = SCHED_CLASSES[main_sched()]
+    nice = max(0, nice)
+    policy = SCHED_CLASSES[sched]
     for tid in _threads():
         try:
             if nice:

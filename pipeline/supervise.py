@@ -22,13 +22,14 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import orjson
+
+from pipeline.procs import stop_all
 
 __all__ = ["Child", "Supervisor", "crash_looping", "restart_delay", "read_states",
            "BACKOFF_BASE_S", "BACKOFF_CAP_S", "STABLE_S", "LOOP_RESTARTS", "LOOP_WINDOW_S"]
@@ -152,21 +153,12 @@ class Supervisor:
     def stop(self, timeout: float = 30.0, until: Optional[Callable[[Child], bool]] = None) -> None:
         """SIGTERM the children in reverse start order, in groups: the API and the
         workers first (they release their leases while the broker still answers),
-        the children ``until`` marks (the broker) last; kill what does not stop in time."""
+        the children ``until`` marks (the broker) last; kill what does not stop within
+        ``timeout`` seconds of its group's SIGTERM (pipeline/procs.py ``stop_all``)."""
         first = [c for c in reversed(self.children) if not (until and until(c))]
         last = [c for c in reversed(self.children) if until and until(c)]
         for group in (first, last):
-            for c in group:
-                if c.proc is not None and c.proc.poll() is None:
-                    c.proc.send_signal(signal.SIGTERM)
-            for c in group:
-                if c.proc is None:
-                    continue
-                try:
-                    c.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    c.proc.kill()
-                    c.proc.wait()
+            stop_all([c.proc for c in group], timeout)
 
 
 def redis_reporter(url: str, key: str) -> Callable[[dict[str, dict]], None]:

@@ -16,26 +16,39 @@ Dedup and daily keys of expired windows are removed by the guard's purge
 (tombstones), and the transport's compactor then drops their history.
 """
 
-from pipeline.app import app, settings
+from dataclasses import dataclass
+from typing import Any
+
 from pipeline.models import Preferences, Timer
 
-__all__ = ["preferences", "devices", "dedup", "daily", "recent_sends", "timers"]
+__all__ = ["Tables", "define_tables", "put", "remember", "delete"]
 
-_P = settings.partitions
 
-preferences = app.Table("preferences", default=None, value_type=Preferences, partitions=_P)
-devices = app.Table("devices", default=None, partitions=_P)
-dedup = app.Table("dedup", default=None, partitions=_P)
-daily = app.Table("daily", default=int, partitions=_P)
-recent_sends = app.Table("recent_sends", default=None, partitions=_P)
-timers = app.Table("timers", default=None, value_type=Timer, partitions=_P)
+@dataclass
+class Tables:
+    preferences: Any
+    devices: Any
+    dedup: Any
+    daily: Any
+    recent_sends: Any
+    timers: Any
+    #: delivery_id → {"a": attempt, "s": state} written durably *before* a provider call
+    #: ("calling") and after it; a replayed delivery found "calling" is reconciled by
+    #: querying the providers, never blindly resent.
+    inflight: Any
 
-#: delivery_id → {"a": attempt, "s": state} written durably *before* a provider call
-#: ("calling") and after it; a replayed delivery found "calling" is reconciled by
-#: querying the providers, never blindly resent.
-inflight = app.Table("inflight", default=None, partitions=_P)
 
-__all__ += ["inflight", "put", "remember", "delete"]
+def define_tables(app: Any, partitions: int) -> Tables:
+    """The tables of ``app`` (pipeline/app.py ``create_app``), ``partitions`` each."""
+    return Tables(
+        preferences=app.Table("preferences", default=None, value_type=Preferences, partitions=partitions),
+        devices=app.Table("devices", default=None, partitions=partitions),
+        dedup=app.Table("dedup", default=None, partitions=partitions),
+        daily=app.Table("daily", default=int, partitions=partitions),
+        recent_sends=app.Table("recent_sends", default=None, partitions=partitions),
+        timers=app.Table("timers", default=None, value_type=Timer, partitions=partitions),
+        inflight=app.Table("inflight", default=None, partitions=partitions),
+    )
 
 
 def put(table, partition: int, key, value):

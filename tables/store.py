@@ -165,18 +165,21 @@ class Store(memory.Store):
             self._offsets[tp] = last
         self._loaded.add(tp)
         for offset, raw_key, raw_value, why in bad:
-            await _dead_letter(tp, offset, raw_key, raw_value, why)
+            await _dead_letter(self.app, tp, offset, raw_key, raw_value, why)
         return n
 
 
-async def _dead_letter(tp: TP, offset: int, key: Any, value: Any, why: str) -> None:
+async def _dead_letter(app: Any, tp: TP, offset: int, key: Any, value: Any, why: str) -> None:
     """A changelog entry that does not decode is skipped by recovery and dead-lettered
     (``bad_changelog_entry``), so one entry written there by hand never stops a
-    worker from starting."""
-    from pipeline.app import dlq_topic
+    worker from starting (an app without the pipeline's topics: logged only)."""
     from pipeline.entries import send_dead_letter
 
-    await send_dead_letter(dlq_topic, tp.topic, "bad_changelog_entry", value, detail=why, key=key,
+    declared = getattr(app, "declared", None)
+    if declared is None:
+        log.warning("skipped a changelog entry of %s at %s: %s", tp, offset, why)
+        return
+    await send_dead_letter(declared.dlq, tp.topic, "bad_changelog_entry", value, detail=why, key=key,
                            partition=tp.partition, offset=offset)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+
+from config.environment import read_env
 
 from . import start_all
 from .group import add_standalone_args, profile_of, run_standalone
@@ -25,10 +26,10 @@ def main() -> None:
     args = p.parse_args()
     profile = profile_of(args, **({"hang_s": args.hang_s} if args.hang_s is not None else {}))
     # the secrets the receipts are signed with, when the API that verifies them set them
+    env = read_env()
     asyncio.run(run_standalone(lambda: start_all(
         args.receipts_url, profile=profile, smtp_tls=args.smtp_tls, smtp_auth=args.smtp_auth, ledger_path=args.ledger,
-        twilio_auth_token=os.environ.get("NOTIFY_TWILIO_AUTH_TOKEN"),
-        vendor_secret=os.environ.get("NOTIFY_VENDOR_SECRET")), args.info))
+        twilio_auth_token=env.twilio_auth_token, vendor_secret=env.vendor_secret), args.info))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     {"error": {"code": "<machine word>", "message": "<human text>", "field": "<dotted field>"}}
 
 ``field`` is present when one input field is to blame (validation errors use
-the reasons of :mod:`pipeline.rules.validate`: ``missing_field``,
+the reasons of :mod:`pipeline.parsers.events`: ``missing_field``,
 ``wrong_type``, ``unknown_category``, …). Handlers raise :func:`api_error`;
 :func:`error_middleware` turns aiohttp's own exceptions (404, 405, 413 from
 ``client_max_size``) and anything unexpected (500, without internals) into the

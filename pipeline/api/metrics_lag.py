@@ -1,13 +1,8 @@
 """Consumer lag read from Redis at scrape time, and the API's own counters.
 
-For every declared pipeline topic (``<ns>:topics``) and partition:
-
-* highwater: ``GET <ns>:{<topic>|<p>}:n`` (the next offset to assign);
-* committed: ``HGET <ns>:{g|notify}:offsets "<topic>|<p>"`` (the next offset the
-  group will read);
-* lag = highwater − committed; the age of the oldest unprocessed message is
-  now − the ``t`` field of the entry at the committed offset
-  (``XRANGE <stream> <committed>-1 + COUNT 1``).
+For every declared pipeline topic (``<ns>:topics``) and partition: highwater,
+committed, lag and the age of the oldest unprocessed message, as pipeline/lag.py
+reads them (written once there: ``notify status`` reads the same).
 
 ``notify.dlq`` has no consumer, so its highwater is the dead-letter depth.
 The consume rate (and so the drain time shown on the status page) is the
@@ -32,9 +27,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pipeline import topics as T
+from pipeline.lag import GROUP, TopicLag, agent_of, declared_partitions, read_positions, topic_lags
 from pipeline.rules.scaling import GOALS, PriorityLoad, priority_of, signal
 from pipeline.supervise import read_states
-from pipeline.roles import app_id, offset_peers
 from pipeline.transport.keys import Keys
 
 __all__ = [
@@ -69,65 +64,6 @@ events_duplicate = Counter(
     "notify_api_events_duplicate_total", "Repeated POST /v1/events answered from the idempotency record"
 )
 
-GROUP = app_id("main")  # the Faust app id = consumer group
-#: topic -> the group that reads it instead of GROUP when the high-priority path
-#: runs in a process of its own (NOTIFY_ROLE=priority, pipeline/roles.py)
-PEERS = offset_peers("main")
-
-
-def agent_of(topic: str) -> str:
-    """The agent reading ``topic`` ('' when none: pipeline/topics.py UNREAD)."""
-    if topic.startswith("notify.send."):
-        return "lane." + topic[len("notify.send."):]
-    if topic.startswith(T.INTENTS + "."):
-        return "guard." + topic[len(T.INTENTS) + 1:]
-    return {
-        T.EVENTS: "expand",
-        T.EVENTS_HIGH: "expand.high",
-        T.INTENTS: "guard",
-        T.TIMERS: "scheduler",
-        T.RECEIPTS: "receipts",
-        T.PREFERENCES: "preferences",
-        T.DEVICES: "devices",
-    }.get(topic, "")
-
-
-@dataclass
-class TopicLag:
-    topic: str
-    agent: str
-    highwater: list[int]
-    committed: list[int]
-    #: per partition: age (s) of the oldest unprocessed message; 0 if none
-    oldest_age: list[float]
-    #: messages/s consumed over the rate window (None until two snapshots)
-    rate: Optional[float] = None
-
-    @property
-    def lag(self) -> int:
-        return sum(max(0, h - c) for h, c in zip(self.highwater, self.committed))
-
-    def as_dict(self) -> dict[str, Any]:
-        lag = self.lag
-        rate = self.rate
-        if lag == 0:
-            drain: Optional[float] = 0.0
-        elif rate and rate > 0:
-            drain = lag / rate
-        else:
-            drain = None  # not draining (or not measured yet)
-        return {
-            "topic": self.topic,
-            "agent": self.agent,
-            "partitions": len(self.highwater),
-            "highwater": sum(self.highwater),
-            "committed": sum(self.committed),
-            "lag": lag,
-            "oldest_age_s": round(max(self.oldest_age, default=0.0), 3),
-            "rate_per_s": None if rate is None else round(rate, 2),
-            "drain_s": None if drain is None else round(drain, 1),
-        }
-
 
 @dataclass
 class Snapshot:
@@ -142,10 +78,6 @@ class Snapshot:
     def dlq_depth(self) -> int:
         t = self.topics.get(T.DLQ)
         return sum(t.highwater) if t else 0
-
-
-def _str_keys(h: Any) -> dict[str, Any]:
-    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in (h or {}).items()}
 
 
 def _int(v: Any) -> int:
@@ -170,17 +102,6 @@ class LagSampler:
         self.last: Optional[Snapshot] = None
         self.errors = 0
 
-    async def _topics(self) -> dict[str, int]:
-        raw = await self.client.hgetall(self.keys.topics)
-        out = {}
-        for k, v in raw.items():
-            name = k.decode() if isinstance(k, bytes) else str(k)
-            if name in T.ALL:  # pipeline topics; changelogs are read only at recovery
-                out[name] = _int(v) or self.partitions
-        for name in T.ALL:
-            out.setdefault(name, self.partitions)
-        return {name: out[name] for name in T.ALL}
-
     async def snapshot(self, force: bool = False) -> Snapshot:
         """A fresh snapshot (reused if the last one is younger than ``min_interval``)."""
         now = time.time()
@@ -195,56 +116,15 @@ class LagSampler:
         return snap
 
     async def _take(self, now: float) -> Snapshot:
-        counts = await self._topics()
-        keys = self.keys
-        pipe = self.client.pipeline(transaction=False)
-        groups = [self.group] + sorted({g for gs in PEERS.values() for g in gs})
-        for g in groups:
-            pipe.hgetall(keys.offsets(g))
-        order = []
-        for topic, n in counts.items():
-            for p in range(n):
-                pipe.get(keys.counter(topic, p))
-                order.append((topic, p))
-        pipe.hgetall(keys.supervisor)
-        res = await pipe.execute()
-        processes = read_states(res.pop())
-        committed = {g: _str_keys(h) for g, h in zip(groups, res)}
-        hw = {tp: _int(v) for tp, v in zip(order, res[len(groups):])}
-        # a topic the groups take turns on (PEERS) is as far as the furthest of them,
-        # as the consumer starts it (pipeline/transport/consumer.py _handed_over)
-        cm = {tp: max(_int(committed[g].get(keys.tp_field(*tp))) for g in (self.group, *PEERS.get(tp[0], ())))
-              for tp in order}
-
-        # the oldest unprocessed entry of every partition that lags
-        lagging = [tp for tp in order if hw[tp] > cm[tp] and tp[0] not in T.UNREAD]
-        ages: dict[tuple[str, int], float] = {}
-        if lagging:
-            pipe = self.client.pipeline(transaction=False)
-            for topic, p in lagging:
-                pipe.xrange(keys.stream(topic, p), min=b"%d-1" % cm[(topic, p)], max="+", count=1)
-            for tp, entries in zip(lagging, await pipe.execute()):
-                if entries:
-                    fields = entries[0][1]
-                    t = fields.get(b"t") if isinstance(fields, dict) else None
-                    try:
-                        ages[tp] = max(0.0, now - float(t)) if t is not None else 0.0
-                    except ValueError:
-                        ages[tp] = 0.0
-
-        snap = Snapshot(at=now, ok=True, processes=processes)
-        totals: dict[str, int] = {}
-        for topic, n in counts.items():
-            tl = TopicLag(
-                topic=topic,
-                agent=agent_of(topic),
-                highwater=[hw[(topic, p)] for p in range(n)],
-                committed=[cm[(topic, p)] for p in range(n)],
-                oldest_age=[ages.get((topic, p), 0.0) for p in range(n)],
-            )
-            snap.topics[topic] = tl
-            totals[topic] = sum(tl.committed)
-        self._rates(now, totals, snap)
+        """Two pipeline round trips (pipeline/lag.py): the partitions declared, then
+        every position and the supervisor's states; a third for the oldest entry of
+        the partitions that lag."""
+        counts = await declared_partitions(self.client, self.keys, self.partitions)
+        positions, (states,) = await read_positions(self.client, self.keys, counts, self.group,
+                                                    also=[("hgetall", (self.keys.supervisor,))])
+        snap = Snapshot(at=now, ok=True, processes=read_states(states))
+        snap.topics = await topic_lags(self.client, self.keys, positions, now)
+        self._rates(now, {topic: sum(tl.committed) for topic, tl in snap.topics.items()}, snap)
         return snap
 
     def _rates(self, now: float, totals: dict[str, int], snap: Snapshot) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from config.settings import CHANNELS, PRIORITIES
 from pipeline.models import State
-from pipeline.rules.validate import MAX_BIZ_KEY, MAX_ID, forbidden_id_ranges
+from pipeline.parsers.events import MAX_BIZ_KEY, MAX_ID, forbidden_id_ranges
 
 __all__ = ["build_openapi"]
 
@@ -231,7 +231,7 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
         "type": "object",
         "required": ["code", "message"],
         "properties": {
-            "code": {"type": "string", "description": "machine reason (validation: see pipeline/rules/validate.py)"},
+            "code": {"type": "string", "description": "machine reason (validation: see pipeline/parsers/events.py)"},
             "message": {"type": "string"},
             "field": {"type": "string", "description": "the offending field, dotted; [i] = batch index"},
         },

@@ -77,7 +77,7 @@ def change(outcome: Mapping[str, Any]) -> dict[str, Any]:
 
 def target_key(producer: str, biz_key: str) -> str:
     """The event a callback is about: ``<producer>|<biz_key>`` (a producer's name
-    holds no ``|``, pipeline/rules/validate.py PRODUCER_RE)."""
+    holds no ``|``, pipeline/parsers/events.py PRODUCER_RE)."""
     return f"{producer}|{biz_key}"
 
 

@@ -74,7 +74,7 @@ A record with several deliveries (a push to each of the user's devices) shows
 ``of_deliveries`` of their states: ACCEPTED (or a receipt's DELIVERED /
 UNDELIVERED) once a provider took it for one device; in flight while any device's
 delivery is; FAILED (REVIEW, FILTERED) only when every device's delivery stopped
-without a provider taking it. pipeline/store_devices.py applies it.
+without a provider taking it. pipeline/store/devices.py applies it.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ from typing import Any, Optional
 
 import faust
 
+from .hooks import hooks_of
+
 __all__ = ["CachedTable", "cached_tables", "commit_waits", "flush_tables", "MAX_DIRTY"]
 
 #: dirty keys per table before they are sent without waiting for a commit
@@ -130,9 +132,8 @@ class CachedTable(faust.Table):
 
 async def commit_waits(app: Any) -> None:
     """Await what must be durable before a commit, and before any cached table change
-    is sent (``app.commit_waits_for``: the records of the outcomes sent, agents/sink.py)."""
-    for wait in getattr(app, "commit_waits_for", ()):
-        await wait()
+    is sent (the sinks of the transport hooks: the records of the outcomes sent, agents/sink.py)."""
+    await hooks_of(app).flush_sinks()
 
 
 def cached_tables(app: Any) -> list:

@@ -21,11 +21,13 @@ from .client import TRANSIENT_ERRORS
 from .compactor import Schedule, compact_partition
 from .drain import FastDrain
 from .holds import CommitHolds
+from .integrity import REWRITE_COMMITTED, Verdict, check, rewrite_committed, stream_end
 from .keys import after_id, offset_of
 from .ownership import SlotLeases
 from .priority import MAIN, PRIORITY, priority_topics
 from .retention import READER_TTL_S, Horizons, trim_horizon, trim_partition
 from .scripts import COMMIT, SET_FENCE
+from .hooks import hooks_of
 
 if TYPE_CHECKING:
     from . import Transport
@@ -119,6 +121,7 @@ class Consumer(FastDrain, base.Consumer):
         self._rebalance_lock = asyncio.Lock()
         self._commit_script: Any = None
         self._fence_script: Any = None
+        self._rewrite_script: Any = None  # integrity.REWRITE_COMMITTED, registered on first use
         self._key_slot: dict[str, int] = {}
         self._reads: dict[str, dict[int, _Read]] = {}  # lane -> hash slot -> outstanding read
         self._batch_stamps: dict[str, tuple[int, int]] = {}  # lane -> (epoch, generation) of its last batch
@@ -238,7 +241,7 @@ class Consumer(FastDrain, base.Consumer):
         """Trim the consumed (non-changelog) topic partitions this worker owns
         below what every reader group has committed (see :mod:`.retention`), and
         the partitions it owns of the topics the app only writes
-        (``app.trim_written``) below what every other reader group has committed,
+        (``trim_written`` of the transport hooks) below what every other reader group has committed,
         or by age alone when no group reads them."""
         keep = self.transport.options.keep_s
         if keep < 0:
@@ -270,16 +273,20 @@ class Consumer(FastDrain, base.Consumer):
             aged = self._horizons.aged(tp, mono)
             horizon = trim_horizon((int(c) if c is not None else None for c in committed), aged) \
                 if committed else (aged if tp in written else 0)
+            # never at or past the stream's end as it is now: after a rollback (AOF, a
+            # failover: .integrity) a committed offset or an aged sample can be above it,
+            # and the entries appended since would be deleted unread
+            horizon = min(horizon, highwaters[tp])
             trimmed += await trim_partition(client, keys, tp.topic, tp.partition, horizon)
         return trimmed
 
     async def _owned_written(self) -> list:
-        """The partitions of ``app.trim_written`` topics this worker trims: those
+        """The partitions of the hooks' ``trim_written`` topics this worker trims: those
         numbered as the partitions it reads (co-partitioned by user id)."""
         changelogs = self.app.tables.changelog_topics
         numbers = {tp.partition for tp in self._assigned if tp.topic not in changelogs}
         out = []
-        for topic in sorted(getattr(self.app, "trim_written", ())):
+        for topic in sorted(hooks_of(self.app).trim_written):
             n = await self.transport.partitions(topic)
             out += [TP(topic, p) for p in sorted(numbers) if p < n and TP(topic, p) not in self._assigned]
         return out
@@ -362,8 +369,9 @@ class Consumer(FastDrain, base.Consumer):
         keys = self.transport.keys
         client = await self.transport.client()
         fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
-        committed = await client.hmget(keys.offsets(self.app.conf.id), fields)
-        committed = await self._handed_over(client, tps, fields, committed)
+        own = [None if c is None else int(c) for c in await client.hmget(keys.offsets(self.app.conf.id), fields)]
+        theirs = await self._peer_offsets(client, tps, fields)
+        committed = await self._handed_over(client, tps, fields, own, theirs)
         missing = [tp for tp, c in zip(tps, committed) if c is None]
         if self.app.conf.consumer_auto_offset_reset == "latest":
             start = await self.highwaters(*missing)
@@ -374,32 +382,124 @@ class Consumer(FastDrain, base.Consumer):
             if c is None:
                 self._pos[tp] = start[tp]
             else:
-                self._pos[tp] = result[tp] = int(c)
+                self._pos[tp] = result[tp] = c
             # what was delivered past the new position is delivered again
             self._read_offset[tp] = self._pos[tp] or None
         self._epoch += 1
         return result
 
-    async def _handed_over(self, client: Any, tps: list, fields: list, committed: list) -> list:
-        """The committed offsets, each raised to the furthest committed by a group that
-        takes turns with this one on the topic (``app.offset_peers``: topic → group
-        ids). Two groups that read the same topic one after the other (a deployment
-        switched between roles, pipeline/roles.py) thereby start where the other
-        stopped, instead of from the earliest retained entry (or from their own
-        position of before the switch) and handling it all again."""
-        peers: Mapping[str, Any] = getattr(self.app, "offset_peers", None) or {}
+    async def _peer_offsets(self, client: Any, tps: list, fields: list) -> list:
+        """Per partition, ``[(group, committed), ...]`` of the groups that take turns
+        with this one on the topic (``offset_peers``: topic → group ids) and have
+        committed on it. Two groups that read the same topic one after the other (a
+        deployment switched between roles, pipeline/roles.py) thereby start where
+        the other stopped (:meth:`_handed_over`), instead of from the earliest retained
+        entry (or from their own position of before the switch) and handling it all
+        again."""
+        peers: Mapping[str, Any] = hooks_of(self.app).offset_peers
         groups = sorted({g for tp in tps for g in peers.get(tp.topic, ())})
         if not groups:
-            return committed
+            return [[] for _ in tps]
         keys = self.transport.keys
         theirs = {g: await client.hmget(keys.offsets(g), fields) for g in groups}
-        out = list(committed)
+        return [
+            [(g, int(theirs[g][i])) for g in peers.get(tp.topic, ()) if theirs[g][i] is not None]
+            for i, tp in enumerate(tps)
+        ]
+
+    async def _handed_over(self, client: Any, tps: list, fields: list, own: list, theirs: list) -> list:
+        """Where each partition is read from: the group's committed offset raised to
+        the furthest of its peers' (:meth:`_peer_offsets`), after the integrity check
+        of :mod:`.integrity`: an offset past the partition's end (the stream rolled
+        back: AOF everysec, a failover) is never followed. The group's own is
+        reported (ERROR, ``on_offset_rollback``) and repaired: read again from the
+        first entry the stream holds, and rewritten to that in Redis (fenced, compare
+        and set). A peer's is only ignored (that group repairs it when it seeks).
+        None: no committed offset (``auto_offset_reset`` decides)."""
+        probe = [tp for i, tp in enumerate(tps) if own[i] is not None or theirs[i]]
+        if not probe:
+            return list(own)
+        ends = await self._stream_ends(client, probe)
+        out: list = []
         for i, tp in enumerate(tps):
-            for g in peers.get(tp.topic, ()):
-                other = theirs[g][i]
-                if other is not None and (out[i] is None or int(other) > int(out[i])):
-                    out[i] = other
+            if tp not in ends:
+                out.append(None)
+                continue
+            end, first = ends[tp]
+            verdict = check(own[i], end, first)
+            valid = [v for v in (own[i], *(c for _g, c in theirs[i])) if v is not None and v <= end]
+            for g, c in theirs[i]:
+                if c > end:
+                    log.warning(
+                        "%s[%d]: group %s committed %d, past the stream's end %d (the stream lost writes): "
+                        "not followed", tp.topic, tp.partition, g, c, end,
+                    )
+            if verdict.rolled_back:
+                out.append(await self._repair_rollback(client, tp, fields[i], verdict))
+            elif valid:
+                out.append(max(valid))
+            elif theirs[i]:  # only peers' offsets, all past the end: never skip what follows
+                out.append(check(max(c for _g, c in theirs[i]), end, first).start)
+            else:
+                out.append(None)
         return out
+
+    async def _stream_ends(self, client: Any, tps: list) -> dict:
+        """tp → (end: the next offset it assigns, offset of its first entry or None),
+        one round trip."""
+        keys = self.transport.keys
+        pipe = client.pipeline(transaction=False)
+        for tp in tps:
+            stream = keys.stream(tp.topic, tp.partition)
+            pipe.get(keys.counter(tp.topic, tp.partition))
+            pipe.xrevrange(stream, count=1)
+            pipe.xrange(stream, count=1)
+        res = await pipe.execute()
+        out = {}
+        for i, tp in enumerate(tps):
+            counter, last, first = res[3 * i: 3 * i + 3]
+            end = stream_end(
+                int(counter) if counter is not None else None, offset_of(last[0][0]) if last else None,
+            )
+            out[tp] = (end, offset_of(first[0][0]) if first else None)
+        return out
+
+    async def _repair_rollback(self, client: Any, tp: TP, field: str, verdict: Verdict) -> int:
+        """The group's committed offset of ``tp`` is past the stream's end: report it
+        and return the offset to read from, rewritten as the committed one."""
+        log.error(
+            "%s[%d]: committed offset %d is past the stream's end %d: the stream lost writes "
+            "(AOF everysec, a failover); reading again from %d, the first entry it holds "
+            "(what was handled already is absorbed by the effect ledger)",
+            tp.topic, tp.partition, verdict.committed, verdict.end, verdict.start,
+        )
+        report = hooks_of(self.app).on_offset_rollback
+        if report is not None:
+            try:
+                report(tp.topic, tp.partition, verdict.committed, verdict.end)
+            except Exception:  # a broken metric must not stop the seek
+                log.exception("on_offset_rollback failed")
+        self._hw[tp] = verdict.end
+        start: int = verdict.start  # type: ignore[assignment]
+        fence = self._commit_fence(tp)
+        if fence is None:  # a standby: the owner repairs it
+            log.warning("%s[%d]: not rewriting the committed offset: not the owner", tp.topic, tp.partition)
+            return start
+        if self._rewrite_script is None:
+            self._rewrite_script = client.register_script(REWRITE_COMMITTED)
+        group = self.app.conf.id
+        keys = self.transport.keys
+        try:
+            return await rewrite_committed(
+                self._rewrite_script, keys.offsets(group), keys.group_fence(group), field, verdict, fence,
+            )
+        except ResponseError as exc:
+            if not str(exc).startswith("FENCED"):
+                raise
+            log.warning("%s[%d]: committed offset not rewritten: fenced (another worker owns it)",
+                        tp.topic, tp.partition)
+            self._on_commit_fenced(str(exc).split()[1])
+            return start
 
     async def _seek(self, partition: TP, offset: int) -> None:
         self._pos[partition] = max(0, offset)

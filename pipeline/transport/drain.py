@@ -113,7 +113,7 @@ class FastDrain:
         One loop for every topic blocks on the slowest stream: a delivery into a
         full buffer (a low lane working through a backlog, 100 deliveries per
         batch) waits until that agent takes its next batch, and everything fetched
-        after it (an OTP) waits too. The priority topics (``app.priority_topics``:
+        after it (an OTP) waits too. The priority topics (the hooks' ``priority_topics``:
         pipeline/topics.py PRIORITY) get a read of their own (its own connection
         from the pool, so an XREAD BLOCK wakes the moment one is written) and a
         delivery loop of their own, so no low-priority stream stands in front of

@@ -26,8 +26,9 @@ from mode import Service
 from .consumer import Consumer
 from .membership import GroupState, Membership
 from .scripts import COMMIT, SET_FENCE
+from .hooks import hooks_of
 
-__all__ = ["ElasticConsumer", "rebalance_metrics"]
+__all__ = ["ElasticConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +50,6 @@ class _Cluster:
         return set(range(n)) if n else None
 
 
-class _Metrics:
-    """Rebalance count and duration, exported with the worker's Prometheus metrics."""
-
-    def observe(self, seconds: float, gen: int) -> None:
-        from pipeline import metrics
-
-        metrics.rebalances.inc()
-        metrics.rebalance_seconds.observe(seconds)
-        metrics.group_generation.set(gen)
-
-    def on_expelled(self) -> None:
-        from pipeline import metrics
-
-        metrics.member_expelled.inc()
-
-
-rebalance_metrics = _Metrics()
 
 
 class ElasticConsumer(Consumer):
@@ -173,7 +157,9 @@ class ElasticConsumer(Consumer):
         m = self.membership
         if m.joined:
             log.warning("member %s was expelled from group %s", m.member_id, m.group)
-            rebalance_metrics.on_expelled()
+            report = hooks_of(self.app).on_expelled
+            if report is not None:
+                report()
         m.drop_all()
         m.joined = False
 
@@ -239,7 +225,9 @@ class ElasticConsumer(Consumer):
                     took = time.monotonic() - self._revoking_started
                     self._revoking_started = None
                     self.rebalances.append((took, gen))
-                    rebalance_metrics.observe(took, gen)
+                    report = hooks_of(self.app).on_rebalance
+                    if report is not None:
+                        report(took, gen)
                     log.info(
                         "generation %d applied in %.3fs: %d members, %d active, %d standby partitions",
                         gen, took, len(st.live), len(m.active), len(self._assigned) - len(m.active),

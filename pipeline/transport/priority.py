@@ -22,6 +22,8 @@ the high-priority path runs in a process of its own (pipeline/roles.py).
 from contextvars import ContextVar
 from typing import Any
 
+from .hooks import hooks_of
+
 __all__ = ["MAIN", "PRIORITY", "priority_topics", "priority_task", "in_priority_task"]
 
 #: the lanes: MAIN is Faust's own fetcher (every topic but the priority ones)
@@ -29,7 +31,7 @@ MAIN, PRIORITY = "main", "priority"
 
 
 def priority_topics(app: Any) -> frozenset:
-    return frozenset(getattr(app, "priority_topics", ()) or ())
+    return hooks_of(app).priority_topics
 
 
 _in_priority_task: ContextVar[bool] = ContextVar("notify_priority_task", default=False)

@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from .client import TRANSIENT_ERRORS
 from .cache import cached_tables, flush_tables
 from .priority import in_priority_task, priority_topics
-from .scripts import PRODUCE
+from .produce import ProduceBatch, load_produce
 
 if TYPE_CHECKING:
     from . import Transport
@@ -104,16 +104,14 @@ class Producer(base.Producer):
         self._main = _Queue()
         self._priority = _Queue()  # the app's priority topics (.priority)
         self._priority_topics = priority_topics(self.app)
-        self._script: Any = None
 
     async def on_start(self) -> None:
         await super().on_start()
         client = await self.transport.client()
-        self._script = client.register_script(PRODUCE)
         # Loaded once (on every primary of a cluster) and called by EVALSHA: a
         # pipeline holding Script objects would ask SCRIPT EXISTS on every flush,
-        # one more round trip each. NOSCRIPT (a restarted server) reloads it.
-        await client.script_load(PRODUCE)
+        # one more round trip each. NOSCRIPT (a restarted server) reloads it (.produce).
+        await load_produce(client)
 
     def supports_headers(self) -> bool:
         return True
@@ -229,7 +227,7 @@ class Producer(base.Producer):
 
     async def flush(self) -> None:
         """Until everything sent before this call is written: what the app must have
-        durable first (``app.commit_waits_for``: the records of the outcomes sent,
+        durable first (the sinks of the transport hooks: the records of the outcomes sent,
         agents/sink.py), then the table changes cached by then and Faust's buffer,
         then our pending messages up to the current count. It does not wait for messages
         other tasks send meanwhile (a busy worker is never idle: waiting for that
@@ -296,7 +294,7 @@ class Producer(base.Producer):
         transport = self.transport
         keys = transport.keys
         client = await transport.client()
-        pipe = client.pipeline(transaction=False)
+        batch = ProduceBatch(client, keys)
         order = []
         for (topic, partition), items in groups.items():
             token = transport.fence_token(topic, partition)
@@ -305,22 +303,12 @@ class Producer(base.Producer):
                 for item in items:
                     self._fail(item, exc)
                 continue
-            args: list[Any] = [token, len(items)]
-            for _t, _p, key, value, ts, headers, _f, _s in items:
-                flags = (key is not None) | ((value is not None) << 1)
-                args += [repr(ts), flags, key or b"", value or b"", len(headers)]
-                for name, hv in headers:
-                    args += [name, hv]
-            skeys = [keys.stream(topic, partition), keys.counter(topic, partition), keys.fence(topic, partition)]
-            # Not Script.__call__: it awaits the queued command, and awaiting a
-            # ClusterPipeline re-initializes it (empties its queue); nor
-            # pipe.evalsha, which ClusterPipeline blocks. On a cluster the slot
-            # comes from the keys (all under one hash tag).
-            pipe.execute_command("EVALSHA", self._script.sha, len(skeys), *skeys, *args)
+            batch.add(topic, partition, token,
+                      [(repr(ts), key, value, headers) for _t, _p, key, value, ts, headers, _f, _s in items])
             order.append(((topic, partition), items))
         if not order:
             return {}
-        results = await pipe.execute(raise_on_error=False)
+        results = await batch.run()
         retry: dict = {}
         reload = False
         for ((topic, partition), items), res in zip(order, results):
@@ -346,5 +334,5 @@ class Producer(base.Producer):
                     if item[6] is not False:  # send_record's: nobody waits for its metadata
                         self._resolve(item, RecordMetadata(topic, partition, tp, base_offset + i, item[4], 0))
         if reload:
-            await client.script_load(PRODUCE)
+            await load_produce(client)
         return retry

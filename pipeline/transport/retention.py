@@ -7,7 +7,7 @@ entries are trimmed once **every consumer group that reads the topic has
 committed past them** and they are at least ``keep`` seconds old (broker URL
 ``keep``; -1 never trims). A group that has not committed on a partition holds
 its whole stream. Changelogs are not trimmed here: they are compacted
-(:mod:`.compactor`). A topic the app writes and does not read (``app.trim_written``:
+(:mod:`.compactor`). A topic the app writes and does not read (the hooks' ``trim_written``:
 the outcome stream, which analysts read) is trimmed by its partitions' owners as
 Kafka would, by age, and no further than any reader group has committed.
 

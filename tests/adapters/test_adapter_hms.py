@@ -19,7 +19,7 @@ from adapters.simulators import SimProfile
 from adapters.simulators.hms_sim import HmsSim
 from config.settings import load_settings
 from pipeline.models import AttemptResult
-from pipeline.rules.validate import InvalidEvent, address_ok, parse_device_update
+from pipeline.parsers.events import InvalidEvent, address_ok, parse_device_update
 from tests.adapters.helpers import notify_toml
 
 

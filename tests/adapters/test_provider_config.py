@@ -128,7 +128,7 @@ def _endpoints(providers: dict) -> dict[str, tuple[str, str]]:
 
 async def test_a_config_pointing_at_the_simulators_builds_the_default_routes(sims, tmp_path, make_delivery):
     info = sims.as_dict()
-    default, _ = provider_set(load_settings(env={}), env={"NOTIFY_PROVIDERS": "simulators"}, info=info)
+    default, _ = provider_set(load_settings(env={"NOTIFY_PROVIDERS": "simulators"}), info=info)
     path, env = sim_config(info, tmp_path)
     settings = load_settings(path, env={})
     configured, specs = provider_set(settings, env=env)
@@ -330,7 +330,7 @@ async def test_an_empty_route_turns_a_channel_off(tmp_path, make_delivery):
 
 
 async def test_the_fakes_are_a_config_too():
-    built, specs = provider_set(load_settings(env={}), env={"NOTIFY_PROVIDERS": "fake"})
+    built, specs = provider_set(load_settings(env={"NOTIFY_PROVIDERS": "fake"}))
     assert built.describe() == {
         "inbox": [("inbox", "inbox", None)],
         "push": [("apns", "fake", None), ("fcm", "fake", None), ("hms", "fake", None)],

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from pipeline.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,6 +70,5 @@ def test_keys_add_then_api_serves(redis_url, tmp_path):
         assert status == 202 and body["notifications"][0]["user_id"] == "u1"
         assert _http("GET", base + "/v1/notifications", key)[0] == 403  # events:write only
     finally:
-        proc.terminate()
-        proc.wait(15)
+        stop_process(proc, 15)
         log.close()

@@ -112,9 +112,9 @@ def test_the_first_send_arrives_and_says_how(running):
     """README's first commands: register a phone, send an OTP, see its final state
     (issue 24, item 8); bad contact data is refused at the door."""
     env = running
-    from pipeline.demo import _wait_ready
+    from pipeline.cli.demo import wait_ready
 
-    _wait_ready((Path(env["NOTIFY_DATA_DIR"]) / "broker.url").read_text().strip())  # as a user waits for notify run
+    wait_ready((Path(env["NOTIFY_DATA_DIR"]) / "broker.url").read_text().strip())  # as a user waits for notify run
     out = json.loads(notify(env, "user", "set", "first1", "--phone", "+15550001234", "--email", "f@example.com").stdout)
     assert out == {"user": "first1", "preferences": ["email", "phone"], "devices": 0}
     p = notify(env, "send", "--category", "otp", "--template", "otp", "--to", "first1", "--param", "code=123456",

@@ -55,7 +55,7 @@ def base_env(tmp_path: Path) -> dict:
 
 @pytest.mark.cluster
 def test_every_command_on_a_cluster_of_three_masters(cluster, tmp_path):
-    from pipeline.demo import _wait_ready
+    from pipeline.cli.demo import wait_ready
 
     cluster.flush()
     env = base_env(tmp_path)
@@ -71,7 +71,7 @@ def test_every_command_on_a_cluster_of_three_masters(cluster, tmp_path):
             time.sleep(0.1)
         # the cluster URL given to `notify run` is remembered as the embedded server's is
         assert remembered.read_text() == cluster.url and stat.S_IMODE(remembered.stat().st_mode) == 0o600
-        _wait_ready(cluster.url)
+        wait_ready(cluster.url)
         # every other command from here on: no REDIS_URL, the broker from data/broker.url
         user = json.loads(notify(env, "user", "set", "cu1", "--phone", "+15550001234", "--email", "c@example.com").stdout)
         assert user == {"user": "cu1", "preferences": ["email", "phone"], "devices": 0}

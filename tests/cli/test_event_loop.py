@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = (
     "import asyncio\n"
+    "from config.environment import read_env\n"
     "from pipeline.lean import use_fast_loop\n"
-    "print(use_fast_loop())\n"
+    "print(use_fast_loop(read_env().loop))\n"
     "async def main():\n"
     "    print(type(asyncio.get_running_loop()).__module__)\n"
     "asyncio.run(main())\n"

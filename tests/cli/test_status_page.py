@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.procs import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -78,5 +80,4 @@ def test_status_page_renders_live_numbers(tmp_path):
         data = shot.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     finally:
-        run.terminate()
-        run.wait(60)
+        stop_process(run, 60)

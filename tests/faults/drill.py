@@ -37,6 +37,7 @@ from tests.pipeline.harness import PARTITIONS, Pipeline
 from tests.transport.helpers import ROOT
 
 from .workload import Workload, devices_of, prefs_of, wire
+from pipeline.procs import stop_process
 
 FULL = os.environ.get("NOTIFY_FAULT_FULL", "") not in ("", "0")
 EVENTS = int(os.environ.get("NOTIFY_FAULT_EVENTS") or (50_000 if FULL else 5_000))
@@ -97,13 +98,8 @@ class Sims:
         return read_ledger(str(self.ledger_path))
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc, 10)
 
 
 # --------------------------------------------------------------------------- the drill

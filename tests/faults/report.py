@@ -135,8 +135,15 @@ def render(results: list[scenarios.Result], command: str, started: datetime, too
             lines += ["", "Problems: " + r.problems.strip(" |")[:3000].replace("\n", " ")]
         for n in r.notes:
             lines += ["", n]
+    lines += ["", *STATIC_SECTIONS]
     lines.append("")
     return "\n".join(lines)
+
+
+#: what the drills do not measure, written here so that the document keeps it
+STATIC_SECTIONS = [
+'## Offsets ahead of their stream\n\n<a id="offset_rollback"></a>\n\nWith AOF `everysec` a crash loses up to a second of acknowledged writes, and a failover may promote a replica that missed the last ones; a group\'s committed offset (in the group\'s hash, on another shard of a cluster, or fsynced in time) can then be past the end of the partition\'s stream, and the counter hands out again offsets the group has committed past. Without a check the group waits for its committed offset and every entry appended below it is skipped for ever. **Detected** whenever a consumer takes its positions (`seek_to_committed`: worker start, and every rebalance or failover that assigns partitions): for each assigned partition with a committed offset, that offset is compared with the partition\'s end, the next offset it assigns (its counter, or the offset after the stream\'s last entry when that is higher or the counter key is gone). At or below the end (a lag, a partition never written) nothing happens. Past it, the consumer logs an ERROR (topic, partition, committed, end), calls the `on_offset_rollback(topic, partition, committed, end)` hook (pipeline/transport/hooks.py), and **repairs** it: it reads the partition again from the first entry the stream still holds, and rewrites the group\'s committed offset in Redis to that with one Lua script that checks the owner\'s fencing token as commits do and compares the offset with the one it checked, so a commit it did not see is never overwritten (pipeline/transport/integrity.py). It starts from the first entry and not from the end because the entries appended since the rollback sit below the end at reused offsets and nothing tells them apart from the survivors; reading the survivors again is absorbed by the effect ledger (the guard\'s dedup entries, the lanes\' inflight table), and the trimmer keeps little more than `keep` seconds of entries below what every group committed, which bounds them. A peer group\'s offset (`offset_peers`) past the end is ignored, not rewritten: that group repairs its own when it seeks. Not seen: a rollback followed by enough new entries to pass the committed offset again before any seek, and a worker that keeps its partitions through the failover without a rebalance (found at its next rebalance or restart). Checked by `tests/transport/test_integrity.py`.',
+]
 
 
 def _test_name(name: str) -> str:

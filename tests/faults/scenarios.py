@@ -39,6 +39,7 @@ from tests.transport.helpers import ROOT
 
 from .drill import DOWN_S, EVENTS, GROUP, K, LEASE_S, PARTITIONS, Drill, bad_events_dead_lettered, verify
 from .workload import make_workload, prefs_of
+from pipeline.procs import stop_process
 
 __all__ = ["Result", "SCENARIOS", "kill9", "sigstop", "redis_restart", "providers", "sink_disk", "clock_jumps"]
 
@@ -628,12 +629,8 @@ def redis_restart(workdir: Path, n_events: int = max(600, EVENTS // 3), seed: in
     finally:
         if fs is not None:
             fs.stop_flag = True
-        if api is not None and api.poll() is None:
-            api.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                api.wait(15)
-            if api.poll() is None:
-                api.kill()
+        if api is not None:
+            stop_process(api, 15)
         d.stop()
     res.wall_s = time.monotonic() - t_wall
     return res

@@ -15,6 +15,7 @@ import redis
 from config.settings import load_settings
 from pipeline.topics import EVENTS, event_key, event_topic
 from tests.transport.helpers import ROOT, produce_async, wait_until
+from pipeline.procs import stop_all
 
 PARTITIONS = 4
 DEFAULTS = load_settings(env={})  # the categories' priorities, as a worker's config has them
@@ -61,15 +62,7 @@ class Pipeline:
         return proc
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(self.procs, 30)
 
     def log(self, name: str = "worker") -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")

@@ -1,8 +1,9 @@
 """agents/emit.py send: the entry Faust's Topic.send would have written (pure
 serialization: no server)."""
 
-from agents import emit
-from pipeline.app import intents_topics, lane_topics, outcomes_topic, timers_topic
+from agents.emit import Emit
+from config.settings import load_settings
+from pipeline.app import create_app
 from pipeline.models import Delivery, Intent, Outcome, Timer
 
 
@@ -22,7 +23,8 @@ def test_send_writes_the_bytes_topic_send_would():
     i = Intent(notification_id="n", biz_key="b", user_id="ü1", category="otp", template="otp", template_version=1,
                priority="high", params={"code": "1"})
     t = Timer(timer_id="t", due_at=1.0, kind="delivery", payload=d.asdict())
-    for topic, value in ((outcomes_topic, o), (lane_topics[("sms", "high")], d), (intents_topics["high"], i),
-                         (timers_topic, t)):
+    topics = create_app(load_settings(env={})).declared
+    for topic, value in ((topics.outcomes, o), (topics.lanes[("sms", "high")], d), (topics.intents["high"], i),
+                         (topics.timers, t)):
         assert _faust_bytes(topic, "ü1", value) == ("ü1".encode(), value.dumps())
-    assert callable(emit.send)
+    assert callable(Emit.send)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from config.settings import CHANNELS
+from config.settings import CHANNELS, load_settings
 from pipeline import roles
 from pipeline import topics as T
 
@@ -20,14 +20,21 @@ def test_every_topic_is_read_in_exactly_one_of_main_and_priority_or_in_both_if_s
     assert roles.runs(topic, "priority") == (topic.endswith(".high") or topic in roles.SHARED)
 
 
-def test_the_priority_role_runs_the_high_priority_path_and_the_user_tables():
-    import agents
+def _agents(role):
+    from agents import register_agents
+    from config.settings import load_settings
+    from pipeline.app import create_app
 
-    topics = {name: a.channel.get_topic_name() for name, a in agents.app.agents.items()}
-    assert {n for n, t in topics.items() if roles.runs(t, "priority")} == {
-        "expand.high", "guard.high", "preferences", "devices"} | {f"lane.{c}.high" for c in CHANNELS}
-    assert {n for n, t in topics.items() if roles.runs(t, "main")} == set(topics) - {
-        "expand.high", "guard.high"} - {f"lane.{c}.high" for c in CHANNELS}
+    app = create_app(load_settings(env={}), role)
+    register_agents(app)
+    return set(app.agents)
+
+
+def test_the_priority_role_runs_the_high_priority_path_and_the_user_tables():
+    every = _agents("all")
+    high = {"expand.high", "guard.high"} | {f"lane.{c}.high" for c in CHANNELS}
+    assert _agents("priority") == high | {"preferences", "devices"}
+    assert _agents("main") == every - high
 
 
 def test_priority_role_is_a_group_of_its_own():
@@ -46,7 +53,7 @@ def test_main_and_priority_workers_together_deliver_every_priority(redis_url, tm
             pipe.wait_committed({"notify.preferences": len(users)}, group=group)
         # the main worker gave up CPU priority, so the kernel runs the priority worker first
         ours = os.getpriority(os.PRIO_PROCESS, 0)
-        assert os.getpriority(os.PRIO_PROCESS, main.pid) == min(19, ours + roles.main_nice())
+        assert os.getpriority(os.PRIO_PROCESS, main.pid) == min(19, ours + load_settings(env={}).env.main_nice)
         assert os.getpriority(os.PRIO_PROCESS, prio.pid) == ours
         # and it runs in the idle class, every thread of it: only on cycles nobody else wants
         for tid in os.listdir(f"/proc/{main.pid}/task"):

@@ -10,13 +10,15 @@ import faust
 import pytest
 
 from agents import sink
-from pipeline import runtime
+from config.settings import load_settings
 from pipeline.ids import delivery_id
 from pipeline.models import Outcome
 from pipeline.rules.plan import DUPLICATE
 from pipeline.store import RecordStore, StoreUnavailable
 from pipeline.transport import cache
+from pipeline.runtime import Resources
 from pipeline.transport.cache import CachedTable
+from pipeline.transport.hooks import TransportHooks
 
 
 def _outcome(i: int, state: str = "ACCEPTED", reason=None) -> Outcome:
@@ -27,16 +29,23 @@ def _outcome(i: int, state: str = "ACCEPTED", reason=None) -> Outcome:
 
 
 @pytest.fixture
-async def store(tmp_path, monkeypatch):
+async def store(tmp_path):
     s = RecordStore(str(tmp_path / "records.db"))
     await s.open()
-    monkeypatch.setattr(runtime, "_store", s)
     yield s
     await s.close()
 
 
-async def test_outcomes_are_written_in_batches_and_flush_waits_for_them(store):
-    records = sink.Records(within_s=0.01, max_batch=3)
+@pytest.fixture
+def with_store(store, tmp_path):
+    """The sink's writer, on the store above (a worker's Resources.with_store)."""
+    res = Resources(load_settings(env={"NOTIFY_DB": str(tmp_path / "records.db")}))
+    res._store = store
+    return res.with_store
+
+
+async def test_outcomes_are_written_in_batches_and_flush_waits_for_them(store, with_store):
+    records = sink.Records(with_store, within_s=0.01, max_batch=3)
     await records.add([_outcome(i) for i in range(7)] + [_outcome(1, "FILTERED", DUPLICATE)])
     await records.flush()
     assert records.written == records.queued == 7  # the duplicate is only on the stream
@@ -47,7 +56,7 @@ async def test_outcomes_are_written_in_batches_and_flush_waits_for_them(store):
     assert (await store.get(delivery_id("b0", "u0", "sms")))[0]["status"] == "DELIVERED"
 
 
-async def test_an_unavailable_store_holds_flushes_then_the_emitters_and_loses_nothing(store, monkeypatch):
+async def test_an_unavailable_store_holds_flushes_then_the_emitters_and_loses_nothing(store, with_store, monkeypatch):
     real = store.apply_outcomes
     down = asyncio.Event()
     down.set()
@@ -58,7 +67,7 @@ async def test_an_unavailable_store_holds_flushes_then_the_emitters_and_loses_no
         return await real(rows)
 
     monkeypatch.setattr(store, "apply_outcomes", apply)
-    records = sink.Records(within_s=0, max_batch=2, max_unwritten=4)
+    records = sink.Records(with_store, within_s=0, max_batch=2, max_unwritten=4)
     await records.add([_outcome(i) for i in range(3)])
     flushed = asyncio.ensure_future(records.flush())
     adding = asyncio.ensure_future(records.add([_outcome(i) for i in range(3, 6)]))  # 6 unwritten > 4: waits
@@ -72,17 +81,19 @@ async def test_an_unavailable_store_holds_flushes_then_the_emitters_and_loses_no
         assert (await store.get(delivery_id(f"b{i}", f"u{i}", "sms")))[0]["status"] == "ACCEPTED"
 
 
-async def test_outcomes_the_store_refuses_are_dead_lettered_and_the_rest_written(store, monkeypatch):
+async def test_outcomes_the_store_refuses_are_dead_lettered_and_the_rest_written(store, with_store):
     dead = []
 
     async def dead_letter(source, reason, payload, **kw):
         dead.append((source, reason, kw["key"]))
 
-    from agents import emit
+    from agents.emit import Emit
 
-    monkeypatch.setattr(emit, "dead_letter", dead_letter)
+    emit = Emit.__new__(Emit)  # its refused_record, sending through dead_letter below
+    emit.dead_letter = dead_letter
     bad = _outcome(1, state="NO_SUCH_STATE")
-    records = sink.Records(within_s=0)
+    records = sink.Records(with_store, within_s=0)
+    records.on_refused = emit.refused_record
     await records.add([_outcome(0), bad, _outcome(2)])
     await records.flush()
     assert dead == [("records", "invalid_outcome", bad.delivery_id)]
@@ -100,8 +111,15 @@ def table(monkeypatch):
     monkeypatch.setattr(faust.Table, "send_changelog",
                         lambda self, partition, key, value, *a, **k: sent.append((partition, key, value)))
     monkeypatch.setattr(CachedTable, "caching", lambda self: True)
-    app.commit_waits_for = []
+    app.transport_hooks = TransportHooks()
     return app, t, sent
+
+
+class Gate:
+    """A sink whose flush returns once ``release`` is set."""
+
+    def __init__(self, flush):
+        self.flush = flush
 
 
 def mark(t, key, value, partition=0):
@@ -113,7 +131,7 @@ def mark(t, key, value, partition=0):
 async def test_a_done_mark_goes_out_only_after_the_records_and_only_if_still_the_latest(table):
     app, t, sent = table
     gate = asyncio.Event()
-    app.commit_waits_for = [gate.wait]  # the records of what was done so far
+    app.transport_hooks.sinks.append(Gate(gate.wait))  # the records of what was done so far
     mark(t, "a", {"s": "ACCEPTED"})
     mark(t, "b", {"s": "ACCEPTED"})
     flushing = asyncio.ensure_future(t.flush_durably())
@@ -138,7 +156,7 @@ async def test_the_producer_flush_takes_the_caches_before_it_waits(table, monkey
         order.append(("records", len(sent)))
         mark(t, "later", 1)  # changed while the records are written
 
-    app.commit_waits_for = [records_flush]
+    app.transport_hooks.sinks.append(Gate(records_flush))
     mark(t, "x", 1)
     await cache.flush_tables(app, cache.cached_tables(app))  # what Producer.flush does
     assert order == [("records", 0)] and [k for _p, k, _v in sent] == ["x"]

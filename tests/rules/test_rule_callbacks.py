@@ -15,7 +15,7 @@ from adapters.webhook import new_secret
 from config.settings import ConfigError, load_settings
 from pipeline.api.auth import KeyFileError, ProducerCallbacks, add_key, key_callback, list_keys, revoke_key
 from pipeline.rules import callbacks as R
-from pipeline.rules.validate import InvalidEvent, callback_url, parse_event
+from pipeline.parsers.events import InvalidEvent, callback_url, parse_event
 
 DEFAULTS = load_settings(env={})
 

@@ -1,4 +1,4 @@
-"""pipeline.rules.validate: events and preferences in, InvalidEvent with a reason out."""
+"""pipeline.parsers.events: events and preferences in, InvalidEvent with a reason out."""
 
 import json
 
@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from config.settings import load_settings
 from pipeline.models import SCHEMA_VERSION, Event, Preferences
-from pipeline.rules.validate import InvalidEvent, params_depth, parse_event, parse_preferences
+from pipeline.parsers.events import InvalidEvent, params_depth, parse_event, parse_preferences
 from pipeline.templates import Renderer
 
 SETTINGS = load_settings(env={})

@@ -1,4 +1,4 @@
-"""Deliveries that pass the lane's checks (pipeline/rules/records.py) but carry
+"""Deliveries that pass the lane's checks (pipeline/parsers/messages.py) but carry
 hostile content still never make a real adapter raise (a raise would crash the
 lane agent): each send against the protocol simulators answers a SendResult,
 and header injection through an e-mail subject is refused without a call."""
@@ -9,7 +9,7 @@ import pytest
 
 from adapters.simulators import SimProfile, start_all
 from pipeline.models import AttemptResult
-from pipeline.rules.records import parse_delivery
+from pipeline.parsers.messages import parse_delivery
 
 LONG = "ℵ" * 5000
 

@@ -39,11 +39,12 @@ from yarl import URL
 from adapters.simulators import read_ledger
 from pipeline.embedded import free_port
 from pipeline.ids import delivery_id, notification_id
-from pipeline.rules.validate import address_ok
+from pipeline.parsers.events import address_ok
 from tests.cli.test_cli import notify
 from tests.pipeline.harness import PARTITIONS, Pipeline
 from tests.pipeline.http_thread import serve
 from tests.transport.helpers import ROOT, produce, wait_until
+from pipeline.procs import stop_process
 
 PARAMS = {"order_no": "A1", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t.example/x"}
 TERMINAL = ("FAILED", "ACCEPTED", "DELIVERED", "REVIEW", "FILTERED")
@@ -98,12 +99,7 @@ class Sims:
         return [row for row in read_ledger(str(self.ledger_path)) if of(row.get("key"), delivery_ids)]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 15)
         self.log.close()
 
 
@@ -133,12 +129,7 @@ class Api:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 15)
 
 
 @pytest.fixture

@@ -31,8 +31,8 @@ from adapters.receipts import (
 from config.settings import CHANNELS, PRIORITIES, load_settings
 from pipeline import entries, redact
 from pipeline.models import Attempt, Delivery, DeviceUpdate, Intent, Outcome, Preferences, Receipt, State, Timer
-from pipeline.rules.records import parse_delivery, parse_intent, parse_outcome, parse_timer
-from pipeline.rules.validate import (
+from pipeline.parsers.messages import parse_delivery, parse_intent, parse_outcome, parse_timer
+from pipeline.parsers.events import (
     InvalidEvent,
     address_ok,
     parse_device_update,

@@ -2,7 +2,6 @@
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 import faust
+
+from pipeline.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,12 +44,7 @@ class Worker:
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, timeout)
         self._log.close()
         return self.proc.returncode
 

@@ -12,7 +12,7 @@ An op may carry "i" (an event number): it is added to the Redis set
 Agents ``backlog`` and ``urgent`` (topics of the same names): each appends the
 message's value to the Redis list of its topic's name; ``backlog`` then sleeps
 SLOW_BACKLOG seconds, ``urgent`` also records how many backlog messages were done
-by then. With PRIORITY=1, ``urgent`` is a priority topic (app.priority_topics,
+by then. With PRIORITY=1, ``urgent`` is a priority topic (the hooks' priority_topics,
 pipeline/transport/priority.py).
 
 Agent ``batched`` (topic ``batched``): takes batches with pipeline/take.py
@@ -31,6 +31,7 @@ import faust
 import redis.asyncio as aioredis
 
 from pipeline.transport.cache import CachedTable
+from pipeline.transport.hooks import TransportHooks
 
 BROKER = os.environ["BROKER"]
 PARTITIONS = int(os.environ.get("PARTITIONS", "4"))
@@ -49,10 +50,14 @@ app = faust.App(
     **({"table_standby_replicas": int(os.environ["STANDBYS"])} if os.environ.get("STANDBYS") else {}),
     **({"stream_buffer_maxsize": int(os.environ["BUFFER"])} if os.environ.get("BUFFER") else {}),
 )
+# a plain Faust app: what the transport needs beyond Faust's settings comes through
+# the typed hooks (pipeline/transport/hooks.py), set before the worker starts
+hooks = TransportHooks()
 if os.environ.get("PRIORITY") == "1":
-    app.priority_topics = frozenset(["urgent"])
+    hooks.priority_topics = frozenset(["urgent"])
 if os.environ.get("WRITTEN"):  # topics this app only writes, trimmed by age (pipeline/transport/retention.py)
-    app.trim_written = set(os.environ["WRITTEN"].split(","))
+    hooks.trim_written = frozenset(os.environ["WRITTEN"].split(","))
+app.transport_hooks = hooks
 SLOW_BACKLOG = float(os.environ.get("SLOW_BACKLOG", "0"))
 numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
 ops = app.topic("ops", key_type=str, value_serializer="json", partitions=PARTITIONS)

@@ -1,5 +1,6 @@
-"""The record store's deliveries of one record: a push goes to each of the user's
-devices, one delivery each (pipeline/rules/plan.py ``per_device``), and the
+"""The record store's deliveries of one record (their table, its upsert, a device
+delivery's row, and the record's state derived from them): a push goes to each
+of the user's devices, one delivery each (pipeline/rules/plan.py ``per_device``), and the
 record of the channel (``notify_record``, one per ``(producer, biz_key,
 user_id, channel)`` as always) shows what they add up to.
 
@@ -10,7 +11,7 @@ user_id, channel)`` as always) shows what they add up to.
     provider idempotency key carry), ``status``/``reason`` and ``provider``,
     ``provider_msg_id``, ``retry_count``, ``sent_at``, ``delivered_at``,
     ``latency_ms`` (to its first terminal outcome), merged from its outcomes by
-    the record's own order-free rules (:mod:`pipeline.store`), and ``devices``:
+    the record's own order-free rules (:mod:`pipeline.store.merge`), and ``devices``:
     how many devices the notification went to (the outcomes say it).
     Primary key ``(record_id, delivery_id)``, ``WITHOUT ROWID``.
 
@@ -38,7 +39,7 @@ from typing import Any, Iterable, Optional
 
 import aiosqlite
 
-from .rules.states import EVIDENCE, IN_FLIGHT, RANK, of_deliveries
+from ..rules.states import EVIDENCE, IN_FLIGHT, RANK, of_deliveries
 
 __all__ = ["SCHEMA", "OBJECTS", "COLUMNS", "UPSERT", "apply"]
 
@@ -90,7 +91,7 @@ def _least(col: str) -> str:
     return f"{col} = coalesce(min({col}, excluded.{col}), {col}, excluded.{col})"
 
 
-#: the same join as a record's (pipeline/store.py _UPSERT), per device delivery
+#: the same join as a record's (pipeline/store/schema.py _UPSERT), per device delivery
 UPSERT = (
     f"INSERT INTO device_deliveries ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))}) "
     "ON CONFLICT (record_id, delivery_id) DO UPDATE SET "
@@ -113,7 +114,7 @@ _CHUNK = 400
 
 def row(record_id: str, delivery_id: str, devices: int, r: list, ix: Any) -> tuple:
     """A device delivery's row from the record row ``r`` built for its outcome(s)
-    (``ix``: the record row's field positions, pipeline/store.py)."""
+    (``ix``: the record row's field positions, pipeline/store/schema.py ``_IX``)."""
     return (record_id, delivery_id, r[ix.STATUS], r[ix.REASON], r[ix.SKEY], r[ix.PROV], r[ix.PKEY], r[ix.MSG],
             r[ix.MKEY], r[ix.RETRY], devices, r[ix.CREATED], r[ix.UPDATED], r[ix.SENT], r[ix.DELIVERED],
             r[ix.LATENCY])

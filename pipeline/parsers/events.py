@@ -30,8 +30,8 @@ import orjson
 from config.settings import CHANNELS, PRIORITIES
 from pipeline.models import SCHEMA_VERSION, DeviceUpdate, Event, Preferences, Receipt
 
-from .priority import capped
-from .quiet_hours import load_zone, parse_quiet_hours
+from ..rules.priority import capped
+from ..rules.quiet_hours import load_zone, parse_quiet_hours
 
 __all__ = ["InvalidEvent", "check_params", "MAX_BIZ_KEY", "MAX_ID", "MAX_PROVIDER_MSG_ID", "TOKEN_RE", "PUSH_PLATFORMS", "parse_event",
            "parse_preferences", "parse_device_update", "parse_receipt", "params_depth", "address_ok", "id_problem", "forbidden_id_ranges",

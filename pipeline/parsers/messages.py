@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from config.settings import CHANNELS, PRIORITIES
 from pipeline.models import SCHEMA_VERSION, Delivery, Intent, Outcome, Receipt, State, Timer
 
-from .validate import InvalidEvent, params_depth
+from .events import InvalidEvent, params_depth
 
 __all__ = ["check_record", "parse_intent", "parse_delivery", "parse_outcome", "parse_timer", "TIMER_KINDS"]
 

@@ -1,9 +1,11 @@
 """``notify demo --events N``: a realistic mixed load against the provider
-simulators, with a progress line, ending in a summary table of states, reasons
-and p50/p99 latency (acceptance → terminal state) per priority.
+simulators (pipeline/cli/mixes.py), with a progress line, ending in a summary
+table of states, reasons and p50/p99 latency (acceptance → terminal state) per
+priority.
 
 It uses a running ``notify run`` (REDIS_URL or data/broker.url) if there is one,
-otherwise starts the embedded server and two workers with the simulators itself.
+otherwise starts ``notify run`` itself (the embedded server, the workers and the
+simulators of its default layout, no API) and stops it at the end.
 """
 
 from __future__ import annotations
@@ -14,63 +16,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import orjson
+from .broker import CLIError, NoBroker, broker_keys, broker_url, current_settings, redis_client
+from .mixes import demo_events, demo_users
+from .send import send_raw
 
-from pipeline.topics import event_key, event_topic
-
-__all__ = ["run_demo"]
+__all__ = ["cmd_demo", "run_demo", "wait_ready"]
 
 TERMINAL = ("FILTERED", "ACCEPTED", "DELIVERED", "UNDELIVERED", "FAILED", "REVIEW")
 DEFERRED = ("SCHEDULED",)  # quiet hours or send_at: due later, reported apart
 
 
-def _users(n: int, rng: random.Random) -> tuple[list[dict], list[dict]]:
-    prefs, devices = [], []
-    hour = time.gmtime().tm_hour
-    for i in range(n):
-        uid = f"demo{i}"
-        p: dict[str, Any] = {"user_id": uid, "version": 1, "tz": rng.choice(["UTC", "Europe/Paris", "Asia/Shanghai"])}
-        r = rng.random()
-        if r < 0.8:
-            # mostly ordinary numbers; a few simulator scenarios (see adapters/simulators)
-            tail = rng.choice(["1234"] * 40 + ["0001", "0002", "0004", "0006"])
-            p["phone"] = f"+1555{i:04d}{tail}"
-        if r < 0.7:
-            p["email"] = f"user{i}@example.com"
-        if rng.random() < 0.05:
-            p["switches"] = {"marketing.*": False}
-        if rng.random() < 0.05:
-            p["quiet_hours"] = f"{(hour - 1) % 24:02d}:00-{(hour + 2) % 24:02d}:00"
-            p["tz"] = "UTC"
-        prefs.append(p)
-        if rng.random() < 0.5:
-            devices.append({"user_id": uid, "token": f"tok{i:06d}", "platform": rng.choice(["apns", "fcm"]), "op": "add"})
-    return prefs, devices
-
-
-def _events(n: int, users: int, rng: random.Random, run_id: str) -> list[dict]:
-    out = []
-    for i in range(n):
-        r = rng.random()
-        to = [f"demo{rng.randrange(users)}" for _ in range(rng.choice([1, 1, 2, 3, 5]))]
-        if r < 0.25:
-            ev = {"category": "otp", "template": "otp", "channels": ["sms"], "params": {"code": f"{rng.randrange(10**6):06d}"},
-                  "recipients": to[:1]}
-        elif r < 0.6:
-            ev = {"category": "transaction", "template": "order_shipped", "recipients": to,
-                  "params": {"order_no": f"A{i}", "carrier": "UPS", "tracking_no": f"1Z{i}", "tracking_url": "https://t"}}
-        elif r < 0.95:
-            ev = {"category": "marketing", "template": "promo", "recipients": to, "channels": ["push", "email"],
-                  "params": {"headline": "Winter sale", "discount": "20%", "url": "https://shop"}}
-        else:
-            ev = {"category": "security", "template": "security_alert", "recipients": to[:1],
-                  "channels": ["push", "email", "inbox"], "params": {"event": "New sign-in", "action_url": "https://sec"}}
-        ev["biz_key"] = f"demo:{run_id}:{i}"
-        ev["accepted_at"] = time.time()
-        out.append(ev)
-    return out
+def cmd_demo(args) -> int:
+    return run_demo(args.events, users=args.users)
 
 
 def _counts(db: Path, prefix: str) -> tuple[int, int, int]:
@@ -118,13 +76,11 @@ def _summary(db: Path, prefix: str) -> str:
     return "\n".join(lines)
 
 
-def _wait_ready(url: str, timeout: float = 60.0) -> None:
+def wait_ready(url: str, timeout: float = 60.0) -> None:
     """Until both consumer groups of the default layout hold their slots (workers up)."""
     from pipeline.roles import GROUPS
 
-    from .cli import _keys, _redis
-
-    keys, r = _keys(url), _redis(url)
+    keys, r = broker_keys(url), redis_client(url)
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:
@@ -138,11 +94,12 @@ def _wait_ready(url: str, timeout: float = 60.0) -> None:
 def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
     import asyncio
 
-    from config.settings import load_settings
+    import orjson
 
-    from .cli import CLIError, NoBroker, _send_raw, broker_url
+    from pipeline.procs import stop_process
+    from pipeline.topics import event_key, event_topic
 
-    settings = load_settings()
+    settings = current_settings()
     rng = random.Random(seed)
     run = None
     try:
@@ -160,20 +117,20 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
                     raise CLIError("notify run did not start") from None
                 time.sleep(0.1)
             url = flag.read_text().strip()
-            _wait_ready(url)
-        prefs, devices = _users(users, rng)
-        asyncio.run(_send_raw(url, "notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]))
-        asyncio.run(_send_raw(url, "notify.devices", [(d["user_id"].encode(), orjson.dumps(d)) for d in devices]))
+            wait_ready(url)
+        prefs, devices = demo_users(users, rng)
+        asyncio.run(send_raw(url, "notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]))
+        asyncio.run(send_raw(url, "notify.devices", [(d["user_id"].encode(), orjson.dumps(d)) for d in devices]))
         run_id = f"{int(time.time() * 1000):x}"
         prefix = f"demo:{run_id}:"
-        evs = _events(events, users, rng, run_id)
+        evs = demo_events(events, users, rng, run_id)
         t0 = time.time()
         by_topic: dict[str, list] = {}
         for e in evs:  # where the API writes them: OTPs and security alerts on notify.events.high
             by_topic.setdefault(event_topic(settings, e["category"]), []).append(
                 (event_key(e["biz_key"], e.get("recipients")), orjson.dumps(e)))
         for topic, items in sorted(by_topic.items(), reverse=True):  # the high topic first
-            asyncio.run(_send_raw(url, topic, items))
+            asyncio.run(send_raw(url, topic, items))
         db = Path(settings.db_path)
         tty = sys.stdout.isatty()
         last, still = (-1, -1, -1), 0
@@ -194,6 +151,5 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
         print(_summary(db, prefix))
         return 0
     finally:
-        if run is not None and run.poll() is None:
-            run.terminate()
-            run.wait(60)
+        if run is not None:
+            stop_process(run, 60)

@@ -1,0 +1,92 @@
+"""Calling the ``PRODUCE`` script (:mod:`.scripts`), written once for the Faust
+producer (:mod:`.producer`) and the API, which writes to topics without a worker.
+
+A batch is one non-transactional pipeline, one ``EVALSHA`` per topic-partition.
+Not ``Script.__call__``: it awaits the queued command, and awaiting a
+``ClusterPipeline`` re-initializes it (empties its queue), and on a plain
+pipeline it makes every execute ask ``SCRIPT EXISTS`` first (one more round
+trip); nor ``pipe.evalsha``, which ``ClusterPipeline`` blocks. On a cluster the
+slot comes from the keys (all under one hash tag).
+
+A call refused with NOSCRIPT (a restarted or failed-over node lost the script,
+or nobody loaded it yet) did not run: the script is loaded (``SCRIPT LOAD``
+reaches every primary of a cluster) and those calls are sent once more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Optional, Sequence
+
+from redis.exceptions import NoScriptError
+
+from .keys import Keys
+from .scripts import PRODUCE
+
+__all__ = ["PRODUCE_SHA", "Entry", "ProduceBatch", "load_produce", "produce_args", "script_missing"]
+
+#: what EVALSHA names (redis-py's ``Script.sha`` of the same text)
+PRODUCE_SHA = hashlib.sha1(PRODUCE.encode()).hexdigest()
+
+#: one entry: (timestamp as sent, key or None, value or None, headers as (name, value) pairs)
+Entry = tuple[Any, Optional[bytes], Optional[bytes], Sequence[tuple[str, bytes]]]
+
+
+def produce_args(token: Any, entries: Sequence[Entry]) -> list[Any]:
+    """``PRODUCE``'s ARGV: the fencing token (``''`` = unfenced), the count, then
+    per entry its timestamp, flags (bit0 key present, bit1 value present), key,
+    value, header count and headers."""
+    args: list[Any] = [token, len(entries)]
+    for ts, key, value, headers in entries:
+        flags = (key is not None) | ((value is not None) << 1)
+        args += [ts, flags, key or b"", value or b"", len(headers)]
+        for name, hv in headers:
+            args += [name, hv]
+    return args
+
+
+async def load_produce(client: Any) -> None:
+    await client.script_load(PRODUCE)
+
+
+def script_missing(result: Any) -> bool:
+    """A call's result says the node did not hold the script (the call did not run)."""
+    return isinstance(result, NoScriptError)
+
+
+class ProduceBatch:
+    """``PRODUCE`` calls sent together: :meth:`add` one per topic-partition, then
+    :meth:`run` once."""
+
+    def __init__(self, client: Any, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._calls: list[tuple[list[str], list[Any]]] = []
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def add(self, topic: str, partition: int, token: Any, entries: Sequence[Entry]) -> None:
+        skeys = [self.keys.stream(topic, partition), self.keys.counter(topic, partition),
+                 self.keys.fence(topic, partition)]
+        self._calls.append((skeys, produce_args(token, entries)))
+
+    async def run(self) -> list[Any]:
+        """One result per :meth:`add`, in order: the first offset of its entries, or
+        the error the call answered (FENCED, a lost connection on a cluster node;
+        still NOSCRIPT if loading the script did not help). A connection lost to a
+        single server raises; the pipeline may then have partly run."""
+        results = await self._execute(range(len(self._calls)))
+        missing = [i for i, res in enumerate(results) if script_missing(res)]
+        if missing:
+            await load_produce(self.client)
+            for i, res in zip(missing, await self._execute(missing)):
+                results[i] = res
+        return results
+
+    async def _execute(self, which: Any) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for i in which:
+            skeys, args = self._calls[i]
+            pipe.execute_command("EVALSHA", PRODUCE_SHA, len(skeys), *skeys, *args)
+        return list(await pipe.execute(raise_on_error=False))
