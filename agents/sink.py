@@ -1,18 +1,17 @@
 """The record sink: every outcome a worker publishes is also written to the
 record store (SQLite) by that worker, in batches.
 
-An outcome goes two ways from :func:`agents.emit.outcomes`: onto
-``notify.outcomes`` for analysts, and into this worker's :data:`records`
+An outcome goes two ways from :meth:`agents.emit.Emit.outcomes`: onto
+``notify.outcomes`` for analysts, and into this worker's :class:`Records`
 queue, which one task writes to the store (up to :data:`MAX_BATCH` outcomes
 per transaction, what arrived within :data:`WITHIN_S` of the first). No agent
 reads the outcome stream back to write the records: that cost a consume, a
 decode and a check per outcome, about two per notification.
 
 Nothing is lost on a crash: a commit of the agents' offsets waits until the
-outcomes of what they handled are written, here as on the stream (the
+outcomes of what they handled are written, here as on the stream (this is
 the app's first sink, ``app.transport_hooks.sinks``: a commit flushes the
-sinks, then the producer, then writes the offsets), so
-the input of an outcome not yet written is read and handled again; and a table
+sinks, then the producer, then writes the offsets), so the input of an outcome not yet written is read and handled again; and a table
 change that says the work is done (a lane's "done" mark, a fired timer removed)
 is sent only after the records of the outcomes sent before it
 (pipeline/transport/cache.py), or the replay would skip the work. Writing is
