@@ -55,6 +55,7 @@ def register_agents(app: Any) -> Parts:
     users.register(app)
     rc = receipts.register(app, out)
     sch = scheduler.register(app, out, rc)
+    app.task(app.resources.warm_up)  # the providers built before the first delivery, not by it
     app.parts = Parts(records=records, emit=out, pressure=press, releases=rel, callbacks=cb, guard=g, expand=x,
                       lanes=ln, receipts=rc, scheduler=sch)
     return app.parts
