@@ -99,6 +99,7 @@ class Guard:
             recent_sends=recent,
             backpressure=self.pressure.on(),
             releases=self.releases.releases(),
+            tracker=app.tracker,
         )
         if plan.no_channel and not replayed:
             metrics.no_channel.labels(intent.category, plan.no_channel).inc()

@@ -74,6 +74,7 @@ class Environment:
     api_key: Optional[str] = _knob("NOTIFY_API_KEY", None, "a bootstrap API key with every scope", secret=True)
     api_public_url: Optional[str] = _knob("NOTIFY_API_PUBLIC_URL", None, "the API's externally visible base URL")
     api_idempotency_ttl: Optional[int] = _knob("NOTIFY_API_IDEMPOTENCY_TTL", None, "seconds an idempotency record is kept")
+    tracking_secret: Optional[str] = _knob("NOTIFY_TRACKING_SECRET", None, "the key signing tracked links (unset: one generated into <data_dir>/tracking.key)", secret=True)
 
     def worker_slot(self) -> str:
         """``<role>-<index>``: how this worker names itself (breakers, processes)."""

@@ -26,6 +26,7 @@ __all__ = [
     "CategoryConfig",
     "ApiConfig",
     "BackpressureConfig",
+    "TrackingConfig",
     "Settings",
     "load_settings",
     "DEFAULTS_PATH",
@@ -158,6 +159,19 @@ class CallbacksConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    """Click, read and open tracking (``[tracking]``, pipeline/rules/tracking.py):
+    ``base_url`` is the API's public URL the rewritten links point at (default:
+    ``NOTIFY_API_PUBLIC_URL``, else http://127.0.0.1:8080); ``open_pixel`` adds a
+    1×1 image to HTML email. The signing key is not a setting
+    (``NOTIFY_TRACKING_SECRET`` or ``<data_dir>/tracking.key``, pipeline/keyfile.py)."""
+
+    enabled: bool = True
+    base_url: str = "http://127.0.0.1:8080"
+    open_pixel: bool = False
+
+
+@dataclass(frozen=True)
 class Settings:
     templates_dir: str
     default_locale: str
@@ -193,6 +207,7 @@ class Settings:
     #: the API's (PUT /v1/releases/<name>) win over these by name
     releases: tuple = ()
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     #: the process's knobs from the environment (config/environment.py): read once, here
     env: Environment = field(default_factory=Environment)
 
@@ -285,6 +300,7 @@ _TOP_KEYS = {
     "backpressure",
     "releases",
     "callbacks",
+    "tracking",
 }
 _CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size", "max_devices"}
 _CATEGORY_KEYS = {"priority", "max_priority", "rate_windows", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels"}
@@ -358,8 +374,25 @@ def _build(raw: dict[str, Any], env: Environment, user_dir: Path | None) -> Sett
         backpressure=_backpressure(raw.get("backpressure", {}), categories),
         releases=_releases(raw.get("releases", {})),
         callbacks=_callbacks(raw.get("callbacks", {}), env),
+        tracking=_tracking(raw.get("tracking", {}), env),
         env=env,
     )
+
+
+def _tracking(raw: Any, env: Environment) -> TrackingConfig:
+    if not isinstance(raw, dict):
+        raise _bad("tracking", raw, "a table")
+    _no_unknown(raw, {"enabled", "base_url", "open_pixel"}, "tracking.")
+    out = {}
+    for key in ("enabled", "open_pixel"):
+        v = raw.get(key, getattr(TrackingConfig, key))
+        if not isinstance(v, bool):
+            raise _bad(f"tracking.{key}", v, "true or false")
+        out[key] = v
+    base = raw.get("base_url") or env.api_public_url or TrackingConfig.base_url
+    if not isinstance(base, str) or not re.match(r"^https?://[^/\s?#]+(/[^\s?#]*)?$", base):
+        raise _bad("tracking.base_url", base, "an http(s) URL like https://notify.example.com")
+    return TrackingConfig(base_url=base.rstrip("/"), **out)
 
 
 def _releases(raw: Any) -> tuple:

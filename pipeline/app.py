@@ -93,6 +93,8 @@ class NotifyApp(faust.App):
     settings: Settings
     role: str
     renderer: Renderer
+    #: links rewritten to the API's signed redirect (pipeline/rules/tracking.py); None: off
+    tracker: Any
     transport_hooks: TransportHooks
     declared: Topics
     user_tables: Any  # tables.Tables
@@ -117,6 +119,19 @@ class NotifyApp(faust.App):
         # process alive on aiosqlite's thread)
         await super().on_shutdown()
         await self.resources.close()
+
+
+def make_tracker(settings: Settings) -> Any:
+    """The guard's link rewriter from ``[tracking]`` and the tracking key, or None
+    when tracking is off."""
+    if not settings.tracking.enabled:
+        return None
+    from .keyfile import tracking_key
+    from .rules.tracking import Tracker
+
+    t = settings.tracking
+    return Tracker(key=tracking_key(settings), base_url=t.base_url, open_pixel=t.open_pixel,
+                   limits=settings.channel_limits())
 
 
 def create_app(settings: Settings, role: Optional[str] = None, **conf: Any) -> NotifyApp:
@@ -161,6 +176,7 @@ def create_app(settings: Settings, role: Optional[str] = None, **conf: Any) -> N
     app = NotifyApp(roles.app_id(role), settings=settings, role=role, hooks=hooks, **options)
     lean_sensors(app)  # Faust's Monitor off the per-event path (pipeline/lean.py)
     app.renderer = Renderer.from_settings(settings)
+    app.tracker = make_tracker(settings)
     app.declared = Topics.declare(app, settings)
     app.user_tables = define_tables(app, settings.partitions)
     app.resources = Resources(settings, app)

@@ -327,3 +327,36 @@ class KeyStore:
             if hmac.compare_digest(_hash(salt, key), digest) and found is None:
                 found = Principal("bootstrap", "", frozenset(SCOPES))
         return found
+
+
+# ---------------------------------------------------------------------------
+# the tracking key (pipeline/rules/tracking.py signs links with it)
+
+TRACKING_KEY_FILE = "tracking.key"
+
+
+def tracking_key(settings: Any) -> bytes:
+    """The key signing tracked links: ``NOTIFY_TRACKING_SECRET`` when set, else
+    ``<data_dir>/tracking.key``, generated once (32 random bytes, hex, mode 0600;
+    written aside and linked into place, so two processes starting together
+    agree on one key). The API and every worker of a data directory share it."""
+    secret = settings.env.tracking_secret
+    if secret:
+        return secret.encode("utf-8")
+    path = Path(settings.data_dir) / TRACKING_KEY_FILE
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{TRACKING_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32) + "\n")
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)  # the first writer wins
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return bytes.fromhex(path.read_text().strip())

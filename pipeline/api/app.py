@@ -19,6 +19,9 @@ Endpoints and scopes (``Authorization: Bearer <key>``, see :mod:`.auth`)::
     DELETE /v1/users/{id}/devices/{token}      users:write       routes/devices.py
     GET    /v1/users/{id}/inbox                users:read        routes/inbox.py
     POST   /v1/users/{id}/inbox/read           users:write       routes/inbox.py
+    GET    /t/c/{token}, /t/o/{token}.gif      open (signed token) routes/tracking.py
+    POST   /v1/reads                           users:write       routes/tracking.py
+    GET    /v1/stats, /v1/unsubscribes         records:read      routes/tracking.py
     POST   /v1/receipts/{provider}             provider signature (twilio, smsvendor; a sendgrid or ses
                                                provider's name)  routes/receipts.py
     GET    /  /healthz  /metrics  /v1/status.json  /v1/openapi.json     open   routes/health.py
@@ -51,6 +54,7 @@ from .routes.receipts import PROVIDERS, ReceiptAdapters, Receipts
 from .routes.records import Records
 from .routes.releases import Releases
 from .routes.slo import Slo
+from .routes.tracking import Tracking
 from .state import BROKER_POOL, Api
 
 __all__ = ["make_app", "Api", "API_KEY", "DEFAULT_IDEMPOTENCY_TTL",
@@ -159,6 +163,12 @@ def make_app(
         twilio_auth_token=conf["twilio_auth_token"], vendor_secret=conf["vendor_secret"],
         public_url=conf["public_url"], idempotency_ttl=conf["idempotency_ttl"], batch_max_events=batch_max_events,
     )
+    if settings.tracking.enabled:  # the key the workers sign links with (pipeline/keyfile.py)
+        from pipeline.keyfile import tracking_key
+
+        api.tracking_key = tracking_key(settings)
+    else:
+        api.tracking_key = None
     app = web.Application(
         client_max_size=max(settings.max_event_bytes + 1024, batch_max_bytes),
         middlewares=[_metrics_middleware(), error_middleware, auth_middleware(keys)],
@@ -176,7 +186,7 @@ def make_app(
     # in this order: "/" and the open endpoints first, receipts last
     for routes in (
         Health(api), Events(api), Records(api), Slo(api), Releases(api), Preferences(api), Devices(api),
-        Inbox(api), Receipts(api, receipts or ReceiptAdapters.default()),
+        Inbox(api), Tracking(api), Receipts(api, receipts or ReceiptAdapters.default()),
     ):
         routes.add_to(app.router)
     return app

@@ -4,7 +4,8 @@ One self-contained HTML page, no build step: inline CSS and JS that fetches
 ``/v1/status.json`` every 2 s and redraws four tables — lag, oldest unprocessed
 age, consume rate and drain-time estimate per topic and lane; breaker states
 (from the metrics registry of this process, when it runs the dispatcher);
-today's records per state and reason; the latest dead letters.
+today's records per state and reason; today's delivery, click and read
+rates per template and channel (aggregates only); the latest dead letters.
 
 ``/v1/status.json`` is open like ``/metrics`` (ops dashboards poll it without a
 key). It carries no message contents: a dead letter is shown as source,
@@ -104,8 +105,12 @@ async def status_document(sampler: Any, store: Any, client: Any, keys: Any,
     doc["backpressure"] = backpressure_view(snap, backpressure_after_s) if snap.ok else None
     try:
         doc["today"] = await store.counts_today()
+        # delivery, click and read rates per template and channel (README "Tracking")
+        day = doc["today"]["since"]
+        doc["engagement"] = await store.rates(day, day + 86400)
     except Exception as exc:  # noqa: BLE001 - the page shows what it can
         doc["today"] = None
+        doc["engagement"] = []
         doc["store_error"] = f"{type(exc).__name__}: {exc}"
     if snap.ok:
         dl_parts = len(snap.topics[T.DLQ].highwater) if T.DLQ in snap.topics else sampler.partitions
@@ -146,6 +151,7 @@ PAGE = """<!doctype html>
  <div><h2>Scaling <span id="bp" class="meta"></span></h2><table id="scaling"></table></div>
  <div><h2>Today (UTC) <span id="total" class="meta"></span></h2><table id="today"></table></div>
 </div>
+<h2>Engagement today (UTC) <span class="meta">rates of the sent</span></h2><table id="engagement"></table>
 <h2>Latest dead letters <span id="dlq" class="meta"></span></h2><table id="dead"></table>
 <script>
 "use strict";
@@ -195,6 +201,10 @@ async function refresh() {
       for (const [reason, m] of Object.entries(today.reasons[state] || {})) rows.push(["", reason, String(m)]);
     }
     table("today", ["state", "reason", "count"], rows);
+    const pct = (x) => x === null || x === undefined ? "—" : (100 * x).toFixed(1) + "%";
+    table("engagement", ["template", "channel", "sent", "delivered", "clicked", "read", "delivery", "click", "read rate"],
+      (d.engagement || []).map((x) => [x.template, x.channel, String(x.sent), String(x.delivered), String(x.clicked),
+        String(x.read), pct(x.delivery_rate), pct(x.click_rate), pct(x.read_rate)]));
     $("dlq").textContent = d.dlq_depth === null ? "" : "(" + d.dlq_depth + " in notify.dlq)";
     table("dead", ["time", "source", "reason", "detail", "key"], d.dead_letters.map((x) =>
       [new Date(x.at * 1000).toLocaleString(), x.source, x.reason, [x.detail || "", "l"], x.key || ""]));

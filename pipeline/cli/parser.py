@@ -14,7 +14,7 @@ from config.environment import debug_requested
 from .broker import CLIError
 from .demo import cmd_demo
 from .providers import cmd_providers
-from .read import cmd_callbacks, cmd_dlq, cmd_outcomes, cmd_records, cmd_slo
+from .read import cmd_callbacks, cmd_dlq, cmd_outcomes, cmd_records, cmd_slo, cmd_stats
 from .run import cmd_api, cmd_run, cmd_worker
 from .send import cmd_send, cmd_user
 from .status import cmd_status
@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("--until", help="unix seconds or ISO 8601; default now")
     sl.add_argument("--json", action="store_true")
     sl.set_defaults(fn=cmd_slo)
+    sts = sub.add_parser("stats", help="delivery, click and read rates per template and channel")
+    sts.add_argument("--since", help="unix seconds or ISO 8601 (default: 24 h ago)")
+    sts.add_argument("--until", help="unix seconds or ISO 8601 (default: now)")
+    sts.add_argument("--json", action="store_true")
+    sts.set_defaults(fn=cmd_stats)
     cb = sub.add_parser("callbacks", help="producers' status callbacks: ls [--failed] | replay [--pending] [ID ...]")
     cb.add_argument("action", choices=["ls", "replay"])
     cb.add_argument("ids", nargs="*", help="replay: these callbacks only (default: every given-up one)")

@@ -13,7 +13,7 @@ from .broker import CLIError, broker_keys, broker_url, current_settings, redis_c
 from .send import send_raw
 from .text import printable
 
-__all__ = ["cmd_outcomes", "cmd_dlq", "cmd_records", "cmd_slo", "cmd_callbacks", "read_topic"]
+__all__ = ["cmd_outcomes", "cmd_dlq", "cmd_records", "cmd_slo", "cmd_stats", "cmd_callbacks", "read_topic"]
 
 
 def read_topic(url: str, topic: str, partitions: int, follow: bool, limit: Optional[int]):
@@ -258,6 +258,58 @@ def cmd_slo(args) -> int:
         return 0
     print(_slo_text(report))
     return 0
+
+
+def cmd_stats(args) -> int:
+    """Delivery, click and read rates per template and channel from the record
+    store: the last 24 h by default, or ``--since``/``--until``."""
+    from pipeline.rules import slo
+    from pipeline.store import RecordStore
+
+    settings = current_settings()
+    if not Path(settings.db_path).exists():
+        raise CLIError(f"no record store at {settings.db_path}")
+    now = time.time()
+    try:
+        since = slo.parse_time(args.since) if args.since else now - 86400
+        until = slo.parse_time(args.until) if args.until else now + 1
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if until <= since:
+        raise CLIError("--until must be after --since")
+
+    async def read() -> list:
+        store = await RecordStore(settings.db_path).open()
+        try:
+            return await store.rates(since, until)
+        finally:
+            await store.close()
+
+    rows = asyncio.run(read())
+    if args.json:
+        print(json.dumps({"since": since, "until": until, "rows": rows}, indent=2))
+        return 0
+    print(stats_text(rows, since, until))
+    return 0
+
+
+def stats_text(rows: list, since: float, until: float) -> str:
+    def iso(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+    def pct(x) -> str:
+        return "—" if x is None else f"{100 * x:.1f}%"
+
+    head = ("template", "channel", "sent", "delivered", "clicked", "read", "delivery", "click", "read rate")
+    body = [(r["template"], r["channel"], str(r["sent"]), str(r["delivered"]), str(r["clicked"]), str(r["read"]),
+             pct(r["delivery_rate"]), pct(r["click_rate"]), pct(r["read_rate"])) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = [f"records created {iso(since)} – {iso(until)} UTC"]
+    for cells in (head, *body):
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    if not body:
+        lines.append("(no records)")
+    return "\n".join(lines)
 
 
 def _slo_text(report: dict) -> str:

@@ -7,7 +7,8 @@ the order of seed 000's GUARD and DESIGN.md, as one pure function.
     → dedup per (biz_key, user, channel) within the category's window
     → daily limit per user × category (security/OTP exempt), counted once per notification
     → sliding windows per user × category (seed 002; ``rate_windows``), counted likewise
-    → render per channel (a template problem fails that channel only)
+    → render per channel (a template problem fails that channel only); links in
+      email, push and inbox content rewritten to the signed redirect (tracking.py)
     → one Delivery per channel, PENDING; push: one per device of the user (the most
       recently registered first, at most ``[channels.push] max_devices``), each with
       its own delivery id ``<record's delivery_id>.<device digest>``, under the one
@@ -29,6 +30,7 @@ from pipeline.templates import TemplateError
 from . import channels as ch
 from . import guard
 from . import release
+from . import tracking
 from .backpressure import BACKPRESSURE, throttled
 from .quiet_hours import channel_quiet_ends
 
@@ -161,12 +163,13 @@ def plan_intent(
     recent_sends: Optional[Callable[[str], list]] = None,
     backpressure: bool = False,
     releases: tuple = (),
+    tracker: Any = None,
 ) -> Plan:
     """The plan for one intent; every outcome carries the preferences version
     the decision was taken with (kept in the record store: "why did this user
     (not) get it" can be answered after the preferences changed)."""
     plan = _plan(intent, settings, renderer, prefs, devices, now, dedup_seen, count_today, recent_sends, backpressure,
-                 releases)
+                 releases, tracker)
     version = getattr(prefs, "version", 0) or 0
     for o in plan.outcomes:
         o.pref_version = version
@@ -175,7 +178,8 @@ def plan_intent(
 
 def _plan(intent: Intent, settings: Any, renderer: Any, prefs: Any, devices: Optional[list], now: float,
           dedup_seen: Callable[[str], Optional[float]], count_today: Callable[[str], int],
-          recent_sends: Optional[Callable[[str], list]], backpressure: bool, releases: tuple) -> Plan:
+          recent_sends: Optional[Callable[[str], list]], backpressure: bool, releases: tuple,
+          tracker: Any = None) -> Plan:
     plan = Plan()
     cat = settings.category(intent.category)
     wanted = list(dict.fromkeys(intent.channels or cat.default_channels))
@@ -250,8 +254,11 @@ def _plan(intent: Intent, settings: Any, renderer: Any, prefs: Any, devices: Opt
         except TemplateError as exc:
             plan.outcomes.append(outcome(intent, channel, State.FAILED, now, reason=TEMPLATE_ERROR, detail=str(exc)))
             continue
+        did = delivery_id(intent.biz_key, intent.user_id, channel, intent.producer)
+        if tracker is not None:  # links → the API's signed redirect (rules/tracking.py)
+            content, _links = tracking.rewrite(tracker, channel, did, content)
         d = Delivery(
-            delivery_id=delivery_id(intent.biz_key, intent.user_id, channel, intent.producer),
+            delivery_id=did,
             notification_id=intent.notification_id,
             biz_key=intent.biz_key,
             user_id=intent.user_id,

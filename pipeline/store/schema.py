@@ -49,6 +49,13 @@ Tables
     an unread row, read_at set or cleared, delete of an unread row), so every
     write path — ``add_inbox``, ``mark_read``, a retention ``DELETE`` — keeps it
     equal to the number of unread rows, inside the same transaction.
+
+``clicks`` / ``reads`` / ``unsubscribes``
+    Tracking (docs/SCHEMA.md "Tracking"): every click on a rewritten link
+    (``delivery_id`` of the record, the link's index and target, time, a hash
+    of the user agent); the first read of a delivery per ``kind`` (``inbox``,
+    ``push_open``, ``email_open``; primary key ``(delivery_id, kind)``); every
+    opt-out (user, ``category.channel`` switch, ``source``, time, producer).
 """
 
 from __future__ import annotations
@@ -155,6 +162,38 @@ _OBJECTS = (
     "ix_record_user", "ix_record_created", "attempts", "inbox", "ix_inbox_user", "inbox_unread",
     "tr_inbox_insert", "tr_inbox_read", "tr_inbox_unread", "tr_inbox_delete",
 )  # fmt: skip
+# tracking (pipeline/rules/tracking.py, pipeline/api/routes/tracking.py)
+_SCHEMA += """
+CREATE TABLE IF NOT EXISTS clicks (
+    id          INTEGER PRIMARY KEY,
+    delivery_id TEXT    NOT NULL,
+    link        INTEGER NOT NULL,
+    url         TEXT    NOT NULL,
+    at          REAL    NOT NULL,
+    ua_hash     TEXT
+);
+CREATE INDEX IF NOT EXISTS ix_clicks_delivery ON clicks (delivery_id);
+
+CREATE TABLE IF NOT EXISTS reads (
+    delivery_id TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    at          REAL NOT NULL,
+    PRIMARY KEY (delivery_id, kind)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS unsubscribes (
+    id       INTEGER PRIMARY KEY,
+    user_id  TEXT NOT NULL,
+    category TEXT NOT NULL,
+    channel  TEXT NOT NULL,
+    source   TEXT NOT NULL,
+    at       REAL NOT NULL,
+    producer TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS ix_unsubscribes_user ON unsubscribes (user_id);
+CREATE INDEX IF NOT EXISTS ix_unsubscribes_at ON unsubscribes (at);
+"""
+_OBJECTS += ("clicks", "ix_clicks_delivery", "reads", "unsubscribes", "ix_unsubscribes_user", "ix_unsubscribes_at")
 # a push's deliveries, one per device, under its one record (devices.py)
 _SCHEMA += devices.SCHEMA
 _OBJECTS += devices.OBJECTS

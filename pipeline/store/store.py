@@ -51,6 +51,9 @@ log = logging.getLogger("notify.store")
 
 __all__ = ["RecordStore", "StoreUnavailable", "InvalidOutcome", "InboxItem", "is_transient"]
 
+#: an inbox message marked read now, as a read (mark_read)
+_READS_FROM_INBOX = "INSERT OR IGNORE INTO reads (delivery_id, kind, at) SELECT delivery_id, 'inbox', ? FROM inbox"
+
 #: the outcome fold gives the event loop a turn every this many outcomes
 FOLD_TURN = 256
 
@@ -406,7 +409,9 @@ class RecordStore:
     async def mark_read(
         self, user_id: str, delivery_ids: Optional[Iterable[str]] = None, at: Optional[float] = None
     ) -> int:
-        """Mark the given messages (all when ``None``) read; returns how many were unread."""
+        """Mark the given messages (all when ``None``) read; returns how many were unread.
+        Each message read now is also a read (``reads``, kind ``inbox``), in the same
+        transaction."""
         at = time.time() if at is None else at
         if delivery_ids is None:
 
@@ -415,6 +420,7 @@ class RecordStore:
                     "UPDATE inbox SET read_at = ? WHERE user_id = ? AND read_at IS NULL",
                     (at, user_id),
                 )
+                await db.execute(_READS_FROM_INBOX + " WHERE user_id = ? AND read_at = ?", (at, user_id, at))
                 return cur.rowcount
 
         else:
@@ -428,9 +434,103 @@ class RecordStore:
                     " WHERE user_id = ? AND delivery_id = ? AND read_at IS NULL",
                     params,
                 )
-                return cur.rowcount
+                n = cur.rowcount
+                await db.executemany(_READS_FROM_INBOX + " WHERE read_at = ? AND user_id = ? AND delivery_id = ?",
+                                     [(at, *p) for p in params])
+                return n
 
         return await self._write(work)
+
+    # -- tracking -----------------------------------------------------------
+
+    async def add_click(self, delivery_id: str, link: int, url: str, at: Optional[float] = None,
+                        ua_hash: Optional[str] = None) -> None:
+        """One click on a tracked link (every click is kept; rates count deliveries)."""
+        row = (delivery_id, int(link), url, time.time() if at is None else at, ua_hash)
+
+        async def work(db: aiosqlite.Connection) -> None:
+            await db.execute("INSERT INTO clicks (delivery_id, link, url, at, ua_hash) VALUES (?, ?, ?, ?, ?)", row)
+
+        await self._write(work)
+
+    async def add_reads(self, reads: Iterable[tuple[str, str, float]], producer: Optional[str] = None) -> int:
+        """``(delivery_id, kind, at)`` reads of deliveries that have a record (of
+        ``producer``'s when given; a device's delivery id counts for its record);
+        the first of each (delivery, kind) is kept. Returns how many were new."""
+        rows = []
+        for did, kind, at in reads:
+            rid = ids.record_id(did)
+            rows.append((rid, kind, at, rid) + ((producer,) if producer is not None else ()))
+        if not rows:
+            return 0
+        sql = ("INSERT OR IGNORE INTO reads (delivery_id, kind, at) SELECT ?, ?, ?"
+               " WHERE EXISTS (SELECT 1 FROM notify_record WHERE delivery_id = ?"
+               + (" AND producer = ?" if producer is not None else "") + ")")
+
+        async def work(db: aiosqlite.Connection) -> int:
+            n = 0
+            for r in rows:  # executemany's rowcount is not reliable for INSERT … SELECT
+                cur = await db.execute(sql, r)
+                n += max(cur.rowcount, 0)
+            return n
+
+        return await self._write(work)
+
+    async def add_unsubscribes(self, rows: Iterable[tuple[str, str, str, str, float, str]]) -> int:
+        """Opt-outs: ``(user_id, category, channel, source, at, producer)``."""
+        rows = list(rows)
+        if not rows:
+            return 0
+
+        async def work(db: aiosqlite.Connection) -> int:
+            await db.executemany("INSERT INTO unsubscribes (user_id, category, channel, source, at, producer)"
+                                 " VALUES (?, ?, ?, ?, ?, ?)", rows)
+            return len(rows)
+
+        return await self._write(work)
+
+    async def unsubscribes(self, user_id: Optional[str] = None, since: Optional[float] = None,
+                           producer: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Opt-outs newest first, filtered."""
+        where, params = [], []
+        for col, op, v in (("user_id", "=", user_id), ("at", ">=", since), ("producer", "=", producer)):
+            if v is not None:
+                where.append(f"{col} {op} ?")
+                params.append(v)
+        sql = "SELECT user_id, category, channel, source, at, producer FROM unsubscribes"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY at DESC, id DESC LIMIT ?"
+        params.append(max(1, min(int(limit), 1000)))
+        return [dict(r) for r in await self._read(sql, params)]
+
+    async def rates(self, since: float, until: float, producer: Optional[str] = None) -> list[dict[str, Any]]:
+        """Per template and channel, the records created in ``[since, until)``:
+        ``records``, ``sent`` (a provider took it: sent_at or delivered_at set),
+        ``delivered``, ``clicked`` and ``read`` (deliveries with at least one
+        click / read), and the rates delivered/sent, clicked/sent, read/sent
+        (None when nothing was sent)."""
+        sql = ("SELECT template_code, channel, count(*),"
+               " sum(sent_at IS NOT NULL OR delivered_at IS NOT NULL), sum(status = 'DELIVERED'),"
+               " sum(EXISTS (SELECT 1 FROM clicks c WHERE c.delivery_id = r.delivery_id)),"
+               " sum(EXISTS (SELECT 1 FROM reads x WHERE x.delivery_id = r.delivery_id))"
+               " FROM notify_record r WHERE created_at >= ? AND created_at < ?")
+        params: list[Any] = [since, until]
+        if producer is not None:
+            sql += " AND producer = ?"
+            params.append(producer)
+        sql += " GROUP BY template_code, channel ORDER BY template_code, channel"
+        out = []
+        for tpl, channel, n, sent, delivered, clicked, read in await self._read(sql, params):
+            sent, delivered, clicked, read = int(sent or 0), int(delivered or 0), int(clicked or 0), int(read or 0)
+
+            def rate(x: int) -> Optional[float]:
+                return round(x / sent, 4) if sent else None
+
+            out.append({"template": tpl, "channel": channel, "records": n, "sent": sent, "delivered": delivered,
+                        "clicked": clicked, "read": read, "delivery_rate": rate(delivered),
+                        "click_rate": rate(clicked), "read_rate": rate(read)})
+        return out
 
     # -- queries ------------------------------------------------------------
 

@@ -10,14 +10,16 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import orjson
 from aiohttp import web
 
 from pipeline import topics as T
 from pipeline.parsers.events import InvalidEvent, parse_preferences
+from pipeline.rules.tracking import switched_off
 
-from ..auth import requires
+from ..auth import PRINCIPAL, requires
 from ..errors import api_error
 from ..request import coerce_integers, user_id
 from . import Routes
@@ -101,4 +103,22 @@ class Preferences(Routes):
             except Exception:  # noqa: BLE001
                 log.warning("could not restore the preferences read model of %s", uid, exc_info=True)
             raise
+        await self._record_opt_outs(request, uid, cur, prefs)
         return web.Response(body=value, status=202, content_type="application/json")
+
+    async def _record_opt_outs(self, request: web.Request, uid: str, cur: bytes | None, prefs) -> None:
+        """Every switch this update turns off, as an unsubscribe (source ``api``)."""
+        try:
+            before = orjson.loads(cur).get("switches") if cur else None
+        except (orjson.JSONDecodeError, AttributeError):
+            before = None
+        off = switched_off(before if isinstance(before, dict) else None, prefs.switches or {})
+        if not off or self.api.store is None:
+            return
+        principal = request.get(PRINCIPAL)
+        producer = principal.producer if principal is not None else ""
+        now = time.time()
+        try:
+            await self.api.store.add_unsubscribes([(uid, c, ch, "api", now, producer) for c, ch in off])
+        except Exception:  # noqa: BLE001 - the update itself is done
+            log.warning("could not record the opt-outs of %s", uid, exc_info=True)
