@@ -389,6 +389,74 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                     },
                 }
             },
+            "/v1/stats": {
+                "get": {
+                    "operationId": "getStats",
+                    "summary": "Delivery, click and read rates per template and channel (tracking; scope "
+                               "records:read: the key's producer; admin: all)",
+                    "security": bearer,
+                    "x-scope": "records:read",
+                    "parameters": [
+                        {"name": "since", "in": "query", "description": "unix seconds or ISO 8601; default a day ago",
+                         "schema": {"type": "string", "pattern": _TIME}},
+                        {"name": "until", "in": "query", "description": "unix seconds or ISO 8601; default now",
+                         "schema": {"type": "string", "pattern": _TIME}},
+                    ],
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["since", "until", "rows"]},
+                                     "sent, delivered, clicked, read and their rates per template × channel"),
+                        "400": _err("bad query parameter"),
+                        **_AUTH_ERRORS,
+                        "503": _err("record store unavailable"),
+                    },
+                }
+            },
+            "/v1/unsubscribes": {
+                "get": {
+                    "operationId": "listUnsubscribes",
+                    "summary": "Opt-outs recorded (user, category, channel, source, time)",
+                    "security": bearer,
+                    "x-scope": "records:read",
+                    "parameters": [
+                        {"name": "user_id", "in": "query", "schema": {"type": "string"}},
+                        {"name": "since", "in": "query", "schema": {"type": "string", "pattern": _TIME}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+                    ],
+                    "responses": {"200": _json({"type": "object", "required": ["items"]}, "the records"),
+                                  "400": _err("bad query parameter"), **_AUTH_ERRORS},
+                }
+            },
+            "/v1/reads": {
+                "post": {
+                    "operationId": "postReads",
+                    "summary": "Reads the app reports (push opens, inbox reads): delivery ids, kind, time",
+                    "security": bearer,
+                    "x-scope": "users:write",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}},
+                    "responses": {"200": _json({"type": "object", "required": ["received", "recorded"]}, "counted"),
+                                  "400": _err("malformed body"), **_AUTH_ERRORS},
+                }
+            },
+            "/t/c/{token}": {
+                "get": {
+                    "operationId": "trackedClick",
+                    "summary": "A tracked link: the click recorded, then a redirect to its target (the signed "
+                               "token is the authority: no key)",
+                    "security": [],
+                    "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"302": {"description": "to the link's target"},
+                                  "404": _err("not a token this deployment signed")},
+                }
+            },
+            "/t/o/{token}.gif": {
+                "get": {
+                    "operationId": "openPixel",
+                    "summary": "The optional e-mail open pixel ([tracking] open_pixel)",
+                    "security": [],
+                    "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "a 1×1 GIF"}, "404": _err("unknown token or pixel off")},
+                }
+            },
             "/v1/notifications/{id}": {
                 "get": {
                     "operationId": "getNotification",
