@@ -91,7 +91,9 @@ def test_notify_run_restarts_a_killed_worker_and_keeps_the_api_and_broker(tmp_pa
         def processes() -> dict:
             out = notify(env, "status", check=False).stdout
             names = ("/main-0 ", "/priority ", "/api ", "/broker ")
-            rows = [line.split() for line in out.splitlines() if any(n in line for n in names)]
+            # the processes' rows (host/name first), not the breakers' (provider, then host/worker)
+            rows = [line.split() for line in out.splitlines()
+                    if any(n in line for n in names) and "/" in line.split()[0]]
             return {r[0].split("/", 1)[1]: r[1:] for r in rows}
 
         wait_until(lambda: (Path(env["NOTIFY_DATA_DIR"]) / "broker.url").exists(), 30, 0.1, "the broker")

@@ -77,6 +77,11 @@ class Progress(threading.Thread):
         marks = [since] + [t for t, _ in self.samples if since < t < until] + [until]
         return max(b - a for a, b in zip(marks, marks[1:]))
 
+    def first_settled_after(self, t: float) -> float:
+        """When the count of terminal records first grew after ``t`` (inf if never)."""
+        before = max((n for u, n in self.samples if u <= t), default=0)
+        return next((u for u, n in self.samples if u > t and n > before), float("inf"))
+
     def settled_between(self, a: float, b: float) -> int:
         before = max((n for t, n in self.samples if t <= a), default=0)
         after = max((n for t, n in self.samples if t <= b), default=0)
@@ -142,6 +147,9 @@ def test_master_failover_during_a_burst(tmp_path: Path, which: str):
                         and r.get("accepted") and not r.get("duplicate"))
         twice = sorted(k for k, n in taken.items() if n > 1)
         stall_s = progress.longest_gap(t_kill, t_end)
+        # what settles while the master is down, not counting the work in flight at the kill
+        settled_in_outage = progress.settled_between(t_kill + 1.0, t_promoted)
+        resumed_after_promotion_s = progress.first_settled_after(max(t_kill + 1.0, t_promoted)) - t_promoted
         before_s = progress.longest_gap(t_burst, t_kill)
         crashes = _crashes(d)
         figures = {
@@ -149,8 +157,8 @@ def test_master_failover_during_a_burst(tmp_path: Path, which: str):
             "partitions of the events' topics on the victim": held, "terminal records at the kill": done_at_kill,
             "replica promoted (node)": promoted, "kill → promoted, cluster_state:ok (s)": round(promote_s, 2),
             "records settled while the master was down": progress.settled_between(t_kill, t_promoted),
-            "... of them from 1 s after the kill (not work already in flight)":
-                progress.settled_between(t_kill + 1.0, t_promoted),
+            "... of them from 1 s after the kill (not work already in flight)": settled_in_outage,
+            "first record settled after the promotion (s after it)": round(resumed_after_promotion_s, 2),
             "longest stall after the kill (s)": round(stall_s, 2),
             "longest gap before the kill (s)": round(before_s, 2),
             "stall budget (node timeout + 5 s)": STALL_BUDGET_S, "settled after the feed ended (s)": round(settle_s, 2),
@@ -170,6 +178,13 @@ def test_master_failover_during_a_burst(tmp_path: Path, which: str):
         assert not v.wrong and not v.extra, v.problems()
         assert not twice and not v.duplicated, (twice[:5], v.duplicated[:5])
         assert stall_s <= STALL_BUDGET_S, figures
+        # Measured (docs/adr/0003, "Which lanes keep moving"): 0 records settle from
+        # 1 s after the kill to the promotion in either case (also with a producer
+        # retrying a failed partition apart, tried on a branch): redis-py's ClusterPipeline retries a dead
+        # node's connection errors inside execute() (5 retries, ~3 s of backoff), so
+        # the batch holding it, and its live partitions, wait about the promotion.
+        # What holds: the lanes move again soon after the promotion.
+        assert resumed_after_promotion_s <= 2.0, figures
     finally:
         progress.stop_flag = True
         d.stop()
