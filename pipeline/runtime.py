@@ -143,16 +143,18 @@ class Resources:
         """Where this worker's breaker states are published for the API (pipeline/breakers.py)."""
         from .breakers import BreakerBoard, worker_name
 
-        app = self.app
-        return BreakerBoard(app.transport.client, app.transport.keys.breakers,
-                            worker=worker_name(self.settings.env))
+        # through this worker's side connections, never the transport's client (whose
+        # commands during a start-up or rebalance seek widen its window: agents/callbacks.py)
+        return BreakerBoard(self.side_client, self.app.transport.keys.breakers, worker=worker_name(self.settings.env))
 
     async def warm_up(self) -> None:
         """Open the store and build the providers at start (a task of the app): the
         first OTP after a start must not pay for loading the adapters, reading their
         keys and making their TLS contexts (about 0.7 s of CPU, measured on the
-        priority worker's first burst)."""
+        priority worker's first burst). It waits for the tables' recovery, so that
+        none of it runs while the consumer seeks to its committed offsets."""
         try:
+            await self.app.tables.recovery.completed.wait()
             await self.store()
             await self.dispatcher()
         except Exception as exc:  # noqa: BLE001 - the first delivery tries again, and says why
