@@ -229,7 +229,6 @@ def cmd_slo(args) -> int:
     """Seed 001's service level from the record store: this month (UTC) by
     default, ``--month YYYY-MM``, or ``--since``/``--until``."""
     from pipeline.rules import slo
-    from pipeline.store import RecordStore
 
     settings = current_settings()
     if not Path(settings.db_path).exists():
@@ -245,14 +244,7 @@ def cmd_slo(args) -> int:
     if until <= since:
         raise CLIError("--until must be after --since")
 
-    async def read() -> list:
-        store = await RecordStore(settings.db_path).open()
-        try:
-            return await store.slo_events(since, until)
-        finally:
-            await store.close()
-
-    report = slo.summarize(asyncio.run(read()), since, until, now)
+    report = slo.summarize(_read_store(settings, lambda store: store.slo_events(since, until)), since, until, now)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -260,11 +252,24 @@ def cmd_slo(args) -> int:
     return 0
 
 
+def _read_store(settings, op):
+    """``op(store)`` on the record store, opened for this one read and closed."""
+    from pipeline.store import RecordStore
+
+    async def read():
+        store = await RecordStore(settings.db_path).open()
+        try:
+            return await op(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
 def cmd_stats(args) -> int:
     """Delivery, click and read rates per template and channel from the record
     store: the last 24 h by default, or ``--since``/``--until``."""
     from pipeline.rules import slo
-    from pipeline.store import RecordStore
 
     settings = current_settings()
     if not Path(settings.db_path).exists():
@@ -278,14 +283,7 @@ def cmd_stats(args) -> int:
     if until <= since:
         raise CLIError("--until must be after --since")
 
-    async def read() -> list:
-        store = await RecordStore(settings.db_path).open()
-        try:
-            return await store.rates(since, until)
-        finally:
-            await store.close()
-
-    rows = asyncio.run(read())
+    rows = _read_store(settings, lambda store: store.rates(since, until))
     if args.json:
         print(json.dumps({"since": since, "until": until, "rows": rows}, indent=2))
         return 0
