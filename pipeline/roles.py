@@ -20,7 +20,10 @@ the core first, and the main workers every cycle they leave. Nice alone was not
 enough once a main worker kept two threads busy (its event loop and its SQLite
 writer, agents/sink.py): OTP p99 under a 100,000 backlog went from about 20 ms
 to 35-79 ms, and back to 24-44 ms (four runs) with ``SCHED_IDLE``
-(bench/RESULTS.md "otp-priority").
+(bench/RESULTS.md "otp-priority"). The writer thread itself keeps the ordinary
+class with the nice increment (pipeline/threads.py): it holds SQLite's write
+lock, which the priority worker's writes share, and must not be starved while it
+holds it.
 
 Switching a deployment between ``all`` and ``main`` + ``priority`` (either way):
 stop the old workers, start the new ones. The group that takes over the
@@ -41,6 +44,7 @@ import os
 
 from config.environment import ROLES, SCHED_CLASSES
 
+from . import threads
 from .topics import DEVICES, PREFERENCES, PRIORITY
 
 __all__ = ["GROUPS", "ROLES", "SCHED_CLASSES", "SHARED", "app_id", "runs", "offset_peers", "lower_priority"]
@@ -84,17 +88,21 @@ def offset_peers(role: str) -> dict[str, tuple[str, ...]]:
 def lower_priority(role: str, nice: int = 10, sched: str = "idle") -> int:
     """Lower this process's CPU priority if it is a ``main`` worker: the nice
     increment and the scheduling class, for every thread it has (Linux keeps both
-    per thread; threads started later inherit them). Returns the increment taken
-    (0 for the other roles)."""
+    per thread; threads started later inherit them), except the class of the
+    starter thread (pipeline/threads.py), which starts the threads that hold a lock
+    the other workers wait for. Returns the increment taken (0 for the other roles)."""
     if role != "main":
         return 0
     nice = max(0, nice)
     policy = SCHED_CLASSES[sched]
+    # the lock holders (the record store's writer) are started by this thread, which
+    # keeps the ordinary class: never starved while they hold SQLite's write lock
+    starter = threads.prepare_starter()
     for tid in _threads():
         try:
             if nice:
                 os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-            if policy is not None:
+            if policy is not None and tid != starter:
                 os.sched_setscheduler(tid, getattr(os, policy), os.sched_param(0))
         except (OSError, AttributeError) as exc:  # a thread gone meanwhile; a platform without the class
             log.warning("could not lower the priority of thread %d: %s", tid, exc)

@@ -26,19 +26,22 @@ state, a delivery_id that contradicts its biz_key/user_id/channel) raises
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import aiosqlite
 
-from .. import ids
+from .. import ids, threads
 from ..rules.slo import EventRow
 from ..rules.states import PRECEDENCE
 from . import devices as devices_mod
 from .merge import _K, batch_rows, fold
+from .turn import WriteTurn
 from .schema import (
     _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS, _rebuild_sql,
 )  # fmt: skip
@@ -112,6 +115,20 @@ def is_transient(exc: BaseException) -> bool:
     return any(t in text for t in _TRANSIENT_TEXT)
 
 
+async def _connect_writer(path: str) -> aiosqlite.Connection:
+    """The write connection, its thread started by pipeline/threads.py's starter: in
+    a main worker that thread holds the write lock the priority worker also waits
+    for, so it must not run at the event loop's ``SCHED_IDLE``. (aiosqlite starts
+    its thread when the connection is awaited; here it is started first, then
+    connected, the two steps of ``Connection.__await__``.)"""
+    conn = aiosqlite.connect(path, isolation_level=None)
+    thread, connect = getattr(conn, "_thread", None), getattr(conn, "_connect", None)
+    if not isinstance(thread, threading.Thread) or connect is None or thread.is_alive():
+        return await conn  # another aiosqlite: its own way
+    threads.start(thread)
+    return await connect()
+
+
 def _field(obj: Any, name: str, default: Any = None) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name, default)
@@ -141,12 +158,14 @@ class RecordStore:
         self._ro: Optional[aiosqlite.Connection] = None
         self._wlock = asyncio.Lock()
         self._rlock = asyncio.Lock()
+        #: the writers of this file take turns in the kernel's queue (turn.py)
+        self._turn: Optional[WriteTurn] = None if self.path == ":memory:" else WriteTurn(self.path)
 
     # -- lifecycle ----------------------------------------------------------
 
     async def open(self) -> "RecordStore":
         try:
-            db = await aiosqlite.connect(self.path, isolation_level=None)
+            db = await _connect_writer(self.path)
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
         self._db = db
@@ -203,6 +222,8 @@ class RecordStore:
     async def close(self) -> None:
         ro, db = self._ro, self._db
         self._ro = self._db = None
+        if self._turn is not None:
+            self._turn.close()
         if ro is not None and ro is not db:
             await ro.close()
         if db is not None:
@@ -233,7 +254,7 @@ class RecordStore:
     async def _write(self, work) -> Any:
         """Run ``work(db)`` in one IMMEDIATE transaction; all or nothing."""
         db = self._writer()
-        async with self._wlock:
+        async with self._wlock, self._turn or contextlib.nullcontext():
             try:
                 await db.execute("BEGIN IMMEDIATE")
                 result = await work(db)
@@ -477,15 +498,20 @@ class RecordStore:
         return await self._write(work)
 
     async def add_unsubscribes(self, rows: Iterable[tuple[str, str, str, str, float, str]]) -> int:
-        """Opt-outs: ``(user_id, category, channel, source, at, producer)``."""
+        """Opt-outs: ``(user_id, category, channel, source, at, producer)``; one that is
+        there already (same user, switch and ``at``: a replayed update) is ignored.
+        Returns how many were new."""
         rows = list(rows)
         if not rows:
             return 0
 
         async def work(db: aiosqlite.Connection) -> int:
-            await db.executemany("INSERT INTO unsubscribes (user_id, category, channel, source, at, producer)"
-                                 " VALUES (?, ?, ?, ?, ?, ?)", rows)
-            return len(rows)
+            n = 0
+            for r in rows:  # (executemany's rowcount does not count ignored rows apart)
+                cur = await db.execute("INSERT OR IGNORE INTO unsubscribes (user_id, category, channel, source, at,"
+                                       " producer) VALUES (?, ?, ?, ?, ?, ?)", r)
+                n += max(cur.rowcount, 0)
+            return n
 
         return await self._write(work)
 

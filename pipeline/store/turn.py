@@ -1,0 +1,70 @@
+"""Whose turn it is to write the database: a lock file every writer of one
+record store takes (``flock``) before SQLite's own write lock.
+
+SQLite's lock is not a queue. A writer that finds the database locked sleeps
+and polls (1, 2, 5 ... then every 100 ms) until its busy timeout, while a
+writer that just committed begins its next transaction at once and wins again:
+with two busy main workers writing back to back, the priority worker's records
+and inbox rows waited seconds and hit its 2 s busy timeout ("database is
+locked", `notify demo --events 5000`), an OTP's inbox row behind a campaign's
+records. Waiters of ``flock`` sleep in the kernel and are woken when the lock is
+released, and the kernel runs the woken thread of the higher priority first:
+the priority worker's writer (nice 0) before the main workers', which yield the
+core (pipeline/roles.py), so the OTP's write goes next instead of whenever its
+poll happens to fall between two of theirs.
+
+The turn is advisory and only orders the writers that take it; SQLite's lock
+still guards the data (a writer that does not take it, an older process,
+``sqlite3`` on the command line, is served by the busy timeout as before). The
+kernel drops a dead process's lock with its file descriptor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import fcntl
+import os
+from typing import Optional
+
+__all__ = ["WriteTurn"]
+
+
+class WriteTurn:
+    """``async with turn:`` holds the exclusive lock on ``<database>.wlock``."""
+
+    def __init__(self, db_path: str) -> None:
+        self.path = f"{db_path}.wlock"
+        self._fd: Optional[int] = None
+        #: the blocking flock waits in this thread, never on the event loop
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def _open(self) -> tuple[int, concurrent.futures.ThreadPoolExecutor]:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="notify-wturn")
+        return self._fd, self._pool
+
+    async def __aenter__(self) -> "WriteTurn":
+        fd, pool = self._open()
+        fut = asyncio.get_running_loop().run_in_executor(pool, fcntl.flock, fd, fcntl.LOCK_EX)
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # the wait goes on in its thread: give the turn back as soon as it is taken
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() or fcntl.flock(fd, fcntl.LOCK_UN))
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Let the file and the thread go (taken again by the next ``async with``)."""
+        pool, fd, self._pool, self._fd = self._pool, self._fd, None, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if fd is not None:
+            os.close(fd)

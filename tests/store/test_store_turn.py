@@ -1,0 +1,89 @@
+"""pipeline/store/turn.py: the writers of one record store take turns at a lock
+file (the kernel's queue) before SQLite's own lock, so a writer waits its turn
+instead of polling SQLite until its busy timeout."""
+
+import asyncio
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pipeline.models import State
+from pipeline.store import InboxItem, RecordStore
+from pipeline.store.turn import WriteTurn
+
+from .factory import outcome
+
+HOLD = textwrap.dedent("""
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+""")
+
+
+def _hold(path: str, seconds: float) -> subprocess.Popen:
+    """Another process holding the turn for ``seconds``."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, path, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+@pytest.mark.asyncio
+async def test_a_writer_waits_its_turn_past_the_busy_timeout_and_then_writes(tmp_path):
+    path = str(tmp_path / "r.db")
+    store = await RecordStore(path, busy_timeout_ms=100).open()
+    try:
+        holder = _hold(path + ".wlock", 0.6)  # longer than the busy timeout
+        try:
+            await store.apply_outcomes([outcome(State.PENDING, 1.0)])  # no "database is locked"
+            assert holder.poll() is not None  # it went after the other writer's turn
+        finally:
+            holder.kill()
+            holder.wait()
+        rows = await store._read("SELECT status FROM notify_record")
+        assert [r[0] for r in rows] == ["PENDING"]
+        assert oct(os.stat(path + ".wlock").st_mode & 0o777) == "0o600"
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_writer_cancelled_while_waiting_gives_the_turn_back(tmp_path):
+    path = str(tmp_path / "r.db")
+    turn = WriteTurn(path)
+    holder = _hold(turn.path, 0.3)
+    try:
+        task = asyncio.ensure_future(turn.__aenter__())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        holder.wait()
+    # the wait that went on in its thread took the turn and gave it back: another takes it
+    await asyncio.sleep(0.2)
+    fd = os.open(turn.path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+        turn.close()
+
+
+@pytest.mark.asyncio
+async def test_two_stores_on_one_file_write_in_turns(tmp_path):
+    path = str(tmp_path / "r.db")
+    a, b = await RecordStore(path).open(), await RecordStore(path).open()
+    try:
+        await asyncio.gather(*(s.add_inbox([InboxItem("u1", f"d{i}-{n}", "t", "b", 1.0) for n in range(20)])
+                               for i, s in enumerate((a, b, a, b))))
+        rows = await a._read("SELECT count(*) FROM inbox")
+        assert rows[0][0] == 80
+    finally:
+        await a.close()
+        await b.close()
