@@ -44,15 +44,25 @@ duplicates. :meth:`ApnsProvider.query` therefore answers ``supported=False``.
 Point it at Apple with ``base_url="https://api.push.apple.com"`` (or
 ``https://api.sandbox.push.apple.com``) and a real .p8 key; the simulator is
 reached over cleartext HTTP/2 with prior knowledge (``http://127.0.0.1:port``).
+
+Transport: one HTTP/2 connection multiplexing every push
+(:class:`adapters._h2.H2Transport`, on ``h2``), called directly rather than
+through httpx's client layers (URL merging, cookie extraction: 0.3 ms of the
+0.7 ms a push cost through them), so a push carries the APNs headers above and
+none of httpx's defaults (accept, accept-encoding, user-agent); a client given
+to the constructor (a test's) is used as it is. Both raise httpx's exceptions,
+mapped by :func:`adapters._http.exception_result`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+from urllib.parse import quote
 
 import httpx
 import jwt
@@ -61,7 +71,8 @@ import orjson
 from pipeline.models import AttemptResult, Delivery, Priority
 from pipeline.parsers.events import PUSH_PLATFORMS
 
-from ._http import exception_result, response_json
+from ._h2 import H2Transport, Origin
+from ._http import client_for, exception_result, response_json
 from ._token import TokenProvider
 from .base import Fault, PermanentKind, SendResult, Stopwatch, parse_retry_after
 
@@ -98,7 +109,7 @@ class ApnsConfig:
     expiration_s: int = 24 * 3600  #: apns-expiration = now + this (0: deliver now or never)
     push_type: str = "alert"
     verify: Any = True  #: TLS verification (bool, CA bundle path or SSLContext)
-    max_connections: int = 10
+    max_connections: int = 10  #: unused: HTTP/2 multiplexes every push on one connection
     name: str = "apns"
 
 
@@ -170,6 +181,24 @@ class ApnsProvider(TokenProvider):
     channel = "push"
     config: ApnsConfig
     http2 = True  #: APNs speaks HTTP/2 only
+
+    def __init__(self, config: ApnsConfig, *, clock: Callable[[], float] = time.time,
+                 client: Optional[httpx.AsyncClient] = None) -> None:
+        #: the transport pushes go over directly (None: through the client given)
+        self._h2: Optional[H2Transport] = None
+        if client is None:
+            self._h2 = H2Transport(verify=config.verify)
+            client = client_for(config, http2=True, transport=self._h2)
+        super().__init__(config, clock=clock, client=client)
+        self._origin: Optional[Origin] = None
+        if self._h2 is not None:
+            try:
+                self._origin = Origin.of(self._client.base_url)
+            except httpx.UnsupportedProtocol:  # not http(s): each push says so, through the client
+                self._h2 = None
+        self._timeout = {"connect": config.connect_timeout, "pool": config.connect_timeout, "read": config.timeout,
+                         "write": config.timeout}
+        self._prefix = self._client.base_url.raw_path.rstrip(b"/")  # a base_url with a path
 
     # ------------------------------------------------------------ auth token
 
@@ -268,7 +297,7 @@ class ApnsProvider(TokenProvider):
             token = self.bearer_token()
             headers["authorization"] = f"bearer {token}"
             try:
-                resp = await self._client.post(path, content=body, headers=headers)
+                resp = await self._post(path, headers, body)
             except Exception as exc:  # noqa: BLE001 - mapped, never raised
                 return exception_result(self.name, exc, sw.ms)
             answer = response_json(resp) if resp.status_code != 200 else {}
@@ -278,6 +307,15 @@ class ApnsProvider(TokenProvider):
                     renewed = True
                     continue
             return self._map(resp, answer, headers["apns-id"], sw.ms)
+
+    async def _post(self, path: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+        if self._h2 is None or self._origin is None:
+            return await self._client.post(path, content=body, headers=headers)
+        # as httpx would send it: the device token percent-encoded where a path needs
+        # it, header values ASCII (anything else raises, a TRANSIENT_ERROR as ever)
+        return await self._h2.request(self._origin, b"POST", self._prefix + quote(path, safe="/:@!$&'()*+,;=").encode(),
+                                      [(k.encode(), v.encode("ascii")) for k, v in headers.items()], body,
+                                      self._timeout)
 
     def _map(self, resp: httpx.Response, answer: dict[str, Any], apns_id: str, latency_ms: float) -> SendResult:
         status = resp.status_code
