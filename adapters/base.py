@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
 from pipeline.models import AttemptResult, Delivery
+from pipeline.rules.tracking import list_unsubscribe_headers
 
 __all__ = [
     "AttemptResult",
@@ -53,6 +54,7 @@ __all__ = [
     "classify_http_status",
     "Stopwatch",
     "email_bodies",
+    "unsubscribe_headers",
 ]
 
 
@@ -255,6 +257,20 @@ def email_bodies(content: Mapping[str, Any]) -> tuple[Any, Any]:
     if text is None and html is None:
         text = content.get("body") or ""
     return text, html
+
+
+def unsubscribe_headers(content: Mapping[str, Any]) -> dict[str, str]:
+    """RFC 8058's ``List-Unsubscribe`` and ``List-Unsubscribe-Post`` of an e-mail
+    whose content carries its one-click link (``content["unsubscribe_url"]``, set
+    by the guard for a category with ``one_click_unsubscribe``:
+    pipeline/rules/plan.py), else none (the e-mail adapters: SendGrid, SES)."""
+    url = content.get("unsubscribe_url")
+    if not isinstance(url, str) or not url:
+        return {}
+    try:
+        return list_unsubscribe_headers(url)
+    except ValueError:
+        return {}  # not a URL a header can carry: the mail goes without it
 
 
 def header(headers: Mapping[str, str], name: str) -> Optional[str]:

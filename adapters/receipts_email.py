@@ -13,8 +13,11 @@ as the judge). The payload is a JSON array of events; ``sg_message_id`` starts
 with the ``X-Message-Id`` the send answered (``<id>.filter…``): that prefix is
 the receipt's message id. ``delivered``, ``open``, ``click`` and ``spamreport``
 (the mail reached the mailbox) give DELIVERED; ``bounce`` (``type`` bounce or
-blocked) and ``dropped`` give UNDELIVERED; ``processed``, ``deferred`` and the
-unsubscribe events give nothing.
+blocked) and ``dropped`` give UNDELIVERED; ``processed`` and ``deferred`` give
+nothing. ``spamreport``, ``unsubscribe`` and ``group_unsubscribe`` (the recipient
+used SendGrid's own unsubscribe link: the mail reached them too, DELIVERED) are
+opt-outs (``Receipt.opt_out``: the receipts agent switches the delivery's
+category off on e-mail).
 
 **Amazon SNS** (an HTTPS subscription of the topic SES publishes to): the JSON
 body's ``Signature`` is base64(RSA PKCS#1 v1.5 over the canonical string),
@@ -33,7 +36,8 @@ certificate URL is). The Notification's ``Message`` is SES's event (an identity
 notification, ``notificationType``, or a configuration set's event,
 ``eventType``): ``Delivery``, ``Complaint``, ``Open`` and ``Click`` give
 DELIVERED, ``Bounce``, ``Reject`` and ``RenderingFailure`` give UNDELIVERED, for
-``mail.messageId`` (the SendEmail MessageId).
+``mail.messageId`` (the SendEmail MessageId); a ``Complaint`` is an opt-out
+(``Receipt.opt_out``).
 """
 
 from __future__ import annotations
@@ -117,7 +121,10 @@ def verify_sendgrid_signature(public_key: Union[str, ec.EllipticCurvePublicKey],
 
 
 _SG_FINAL = {"delivered": "DELIVERED", "open": "DELIVERED", "click": "DELIVERED", "spamreport": "DELIVERED",
+             "unsubscribe": "DELIVERED", "group_unsubscribe": "DELIVERED",
              "bounce": "UNDELIVERED", "dropped": "UNDELIVERED", "blocked": "UNDELIVERED"}
+#: the events by which a recipient opts out (Receipt.opt_out)
+_SG_OPT_OUT = frozenset({"spamreport", "unsubscribe", "group_unsubscribe"})
 
 
 def _msg_id(value: Any, field: str) -> str:
@@ -170,9 +177,10 @@ def parse_sendgrid_events(body: Union[bytes, str, list], provider: str = "sendgr
             reason = ev.get("reason") or ev.get("response") or ""
             what = kind.lower() if kind.lower() != "bounce" else f"bounce {ev.get('type') or ''}".strip()
             error = (f"{what}: {reason}" if isinstance(reason, str) and reason else what)[:MAX_ERROR]
-        elif kind.lower() == "spamreport":
-            error = "spamreport"
-        out.append(Receipt(provider=provider, provider_msg_id=msg_id, status=final, at=at, error=error))
+        elif kind.lower() in _SG_OPT_OUT:
+            error = kind.lower()
+        out.append(Receipt(provider=provider, provider_msg_id=msg_id, status=final, at=at, error=error,
+                           opt_out=kind.lower() in _SG_OPT_OUT))
     return out
 
 
@@ -350,7 +358,8 @@ def parse_ses_event(message: Union[str, bytes, Mapping[str, Any]], provider: str
         error = f"complaint {detail.get('complaintFeedbackType') or ''}".strip()[:MAX_ERROR]
     elif final == "UNDELIVERED":
         error = f"{kind.lower()}: {detail.get('reason') or detail.get('errorMessage') or ''}".rstrip(": ")[:MAX_ERROR]
-    return [Receipt(provider=provider, provider_msg_id=msg_id, status=final, at=at, error=error)]
+    return [Receipt(provider=provider, provider_msg_id=msg_id, status=final, at=at, error=error,
+                    opt_out=kind == "Complaint")]
 
 
 # ---------------------------------------------------------------- the receipts endpoint

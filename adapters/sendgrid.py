@@ -6,7 +6,9 @@ address), ``custom_args.notify_id`` (our delivery id, which SendGrid repeats in
 every Event Webhook event of the message), ``from``, ``subject``, ``content``
 (``text/plain`` first, then ``text/html``, as SendGrid requires), ``headers``
 (``X-Notify-Id``; ``Auto-Submitted: auto-generated`` on transactional mail, as
-the SMTP adapter sends it) and ``categories`` (the notification's category).
+the SMTP adapter sends it; ``List-Unsubscribe`` and ``List-Unsubscribe-Post``,
+RFC 8058 one-click, when the delivery carries its ``unsubscribe_url``) and
+``categories`` (the notification's category).
 
 Answers:
 
@@ -46,7 +48,7 @@ import orjson
 from pipeline.models import AttemptResult, Delivery
 
 from ._http import client_for, response_json, timed_send
-from .base import Fault, PermanentKind, Provider, SendResult, email_bodies, parse_retry_after
+from .base import Fault, PermanentKind, Provider, SendResult, email_bodies, parse_retry_after, unsubscribe_headers
 
 __all__ = ["SendGridConfig", "SendGridProvider", "sendgrid_errors"]
 
@@ -118,6 +120,7 @@ class SendGridProvider(Provider):
         headers = {"X-Notify-Id": delivery.delivery_id}
         if delivery.category not in self.config.bulk_categories:
             headers["Auto-Submitted"] = "auto-generated"
+        headers.update(unsubscribe_headers(c))
         body: dict[str, Any] = {
             "from": self._from,
             "subject": str(c.get("subject") or ""),

@@ -4,8 +4,10 @@ Wire protocol: ``POST https://email.<region>.amazonaws.com/v2/email/outbound-ema
 JSON, signed with AWS Signature Version 4 (service ``ses``) by botocore's
 ``SigV4Auth`` (:mod:`adapters.aws_sigv4`). The body: ``FromEmailAddress``,
 ``Destination.ToAddresses`` (the delivery's address), ``Content.Simple``
-(``Subject``, ``Body.Text`` / ``Body.Html``, ``Headers``: ``X-Notify-Id`` and
-``Auto-Submitted: auto-generated`` on transactional mail), ``EmailTags``
+(``Subject``, ``Body.Text`` / ``Body.Html``, ``Headers``: ``X-Notify-Id``,
+``Auto-Submitted: auto-generated`` on transactional mail, and RFC 8058's
+``List-Unsubscribe`` / ``List-Unsubscribe-Post`` when the delivery carries its
+``unsubscribe_url``), ``EmailTags``
 (``notify_id`` = our delivery id, ``category``) and ``ConfigurationSetName``
 when configured (the configuration set whose event destination is the SNS
 topic of the bounce / complaint / delivery notifications).
@@ -47,7 +49,7 @@ from pipeline.models import AttemptResult, Delivery
 
 from ._http import client_for, timed_send
 from .aws_sigv4 import THROTTLE_CODES, AwsSigner, aws_error, aws_result
-from .base import PermanentKind, Provider, SendResult, email_bodies
+from .base import PermanentKind, Provider, SendResult, email_bodies, unsubscribe_headers
 
 __all__ = ["SesConfig", "SesProvider"]
 
@@ -134,6 +136,7 @@ class SesProvider(Provider):
         headers = [{"Name": "X-Notify-Id", "Value": delivery.delivery_id}]
         if delivery.category not in self.config.bulk_categories:
             headers.append({"Name": "Auto-Submitted", "Value": "auto-generated"})
+        headers += [{"Name": k, "Value": v} for k, v in unsubscribe_headers(c).items()]
         out: dict[str, Any] = {
             "FromEmailAddress": self._from,
             "Destination": {"ToAddresses": [delivery.address]},

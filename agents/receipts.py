@@ -5,7 +5,14 @@ as DELIVERED without one. A receipt that arrives before our ACCEPTED record is
 written is retried a few times through the timer topic; one whose message id
 belongs only to deliveries of other providers is refused at once: logged and
 dead-lettered as ``provider_mismatch``, nothing changed (a provider's receipt
-never decides another provider's delivery)."""
+never decides another provider's delivery).
+
+A receipt that is an opt-out (``Receipt.opt_out``: a spam complaint, the
+provider's own unsubscribe link: adapters/receipts_email.py) also switches the
+delivery's category off on its channel: a merge update on notify.preferences,
+source ``provider:<provider name>``, applied and recorded as any opt-out by the
+users agent (agents/users.py). A receipt read again sends it again; the users
+agent finds the switch off already and records nothing."""
 
 import logging
 import time
@@ -13,7 +20,7 @@ from typing import Any
 
 from pipeline import clock
 from pipeline.entries import contained
-from pipeline.models import Outcome, Receipt, State, Timer
+from pipeline.models import Outcome, Preferences, Receipt, State, Timer
 from pipeline.rules.receipts import split_by_provider
 
 __all__ = ["Receipts", "register"]
@@ -63,6 +70,21 @@ class Receipts:
                 accepted_at=row.get("accepted_at") or 0.0, producer=row.get("producer") or "",
                 pref_version=row.get("pref_version") or 0,
             )])
+        if r.opt_out:
+            await self.opt_out(r, rows)
+
+    async def opt_out(self, r: Receipt, rows: list) -> None:
+        """The users of ``rows`` switch their category off on its channel (merge updates)."""
+        categories = self.app.settings.categories
+        seen = set()
+        for row in rows:
+            uid, cat, ch = row.get("user_id"), row.get("category") or "", row.get("channel") or ""
+            if not uid or cat not in categories or (uid, cat, ch) in seen:
+                continue  # a category this config no longer has: no switch to turn off
+            seen.add((uid, cat, ch))
+            await self.emit.send(self.app.declared.preferences, uid, Preferences(
+                user_id=uid, switches={f"{cat}.{ch}": False}, merge=True, source=f"provider:{r.provider}",
+                producer=row.get("producer") or ""))
 
 
 def register(app: Any, emit: Any) -> Receipts:

@@ -1,10 +1,32 @@
 """Preference and device updates, applied to the user's tables from their own
-user-keyed topics (so they are replayable like everything else)."""
+user-keyed topics (so they are replayable like everything else).
 
+Every opt-out is recorded here, once, whatever sent it (the API's PUT, a
+producer writing notify.preferences, a one-click unsubscribe link, a provider's
+spam complaint or unsubscribe event): a switch an update turns off compared with
+the table's current value (pipeline/rules/preferences.py) becomes an
+``unsubscribes`` row with the update's ``source`` and ``producer``, written
+before the table changes. Replays add no second row, two ways:
+
+* the table's current value: an update re-applied after its table change was
+  kept turns nothing off any more, so it records nothing;
+* a UNIQUE key on ``(user_id, category, channel, at)`` (pipeline/store/schema.py),
+  ``at`` being the update's own broker timestamp, the same on every replay (and
+  for every consumer group): the row is written and committed here, before the
+  table is set (whose changelog goes out at the next commit), so an update read
+  again after a crash between the two finds its row and the insert is ignored.
+
+Every role keeps its own copy of the preferences table; only a worker of a role
+other than ``priority`` records (one writer is enough, and the UNIQUE key would
+absorb the second anyway).
+"""
+
+import time
 from typing import Any
 
 from pipeline import metrics
 from pipeline.entries import contained
+from pipeline.rules.preferences import apply_update, opt_outs
 
 __all__ = ["keep_newest", "register"]
 
@@ -16,13 +38,24 @@ def register(app: Any) -> None:
     #: tokens a user keeps (push goes to every one of them: pipeline/rules/plan.py per_device)
     max_devices = app.settings.channels["push"].max_devices
 
+    records = app.role != "priority"
+    resources = app.resources
+
     async def apply_preferences(stream):
         async for event in stream.events():
             async with contained(dlq, event, "preferences"):
-                prefs = event.value
-                current = preferences.get(prefs.user_id)
-                if current is None or prefs.version >= current.version:
-                    preferences[prefs.user_id] = prefs
+                update = event.value
+                current = preferences.get(update.user_id)
+                new = apply_update(current, update)
+                if new is None:
+                    continue
+                off = opt_outs(current, new) if records else []
+                if off:
+                    # the message's own time: the same on a replay (see the module's doc)
+                    at = float(getattr(event.message, "timestamp", 0.0) or 0.0) or time.time()
+                    rows = [(new.user_id, cat, ch, new.source, at, new.producer) for cat, ch in off]
+                    await resources.with_store(lambda store: store.add_unsubscribes(rows), "unsubscribes")
+                preferences[update.user_id] = new
 
     async def apply_devices(stream):
         async for event in stream.events():

@@ -85,6 +85,11 @@ class CategoryConfig:
     #: seed 002's sliding windows per user: ``((seconds, n), ...)``, at most ``n``
     #: notifications of the category in any ``seconds`` (pipeline/rules/guard.py)
     rate_windows: tuple[tuple[int, int], ...] = ()
+    #: its deliveries carry a signed one-click unsubscribe link (RFC 8058,
+    #: pipeline/rules/tracking.py; ``unsubscribe_url`` in templates, ``List-Unsubscribe``
+    #: in e-mail), and ``/u/<token>`` switches it off; off (OTP, security, transactional
+    #: mail the user cannot refuse): the link is not made and the page says so
+    one_click_unsubscribe: bool = False
 
 
 @dataclass(frozen=True)
@@ -303,7 +308,8 @@ _TOP_KEYS = {
     "tracking",
 }
 _CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size", "max_devices"}
-_CATEGORY_KEYS = {"priority", "max_priority", "rate_windows", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels"}
+_CATEGORY_KEYS = {"priority", "max_priority", "rate_windows", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels",
+                  "one_click_unsubscribe"}
 _API_KEYS = {"header_timeout_s", "body_timeout_s", "receipt_max_age_s", "receipt_max_ahead_s"}
 
 
@@ -603,6 +609,9 @@ def _categories(raw: Any) -> dict[str, CategoryConfig]:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise _bad(f"{key}.rate_windows[{i}]", pair, "[seconds, max]")
             windows.append((_int(f"{key}.rate_windows[{i}]", pair[0], 1), _int(f"{key}.rate_windows[{i}]", pair[1], 0)))
+        one_click = table.get("one_click_unsubscribe", False)
+        if not isinstance(one_click, bool):
+            raise _bad(f"{key}.one_click_unsubscribe", one_click, "true or false")
         out[name] = CategoryConfig(
             name=name,
             priority=priority,
@@ -612,6 +621,7 @@ def _categories(raw: Any) -> dict[str, CategoryConfig]:
             default_channels=tuple(dict.fromkeys(chans)),
             max_priority=max_priority,
             rate_windows=tuple(sorted(set(windows))),
+            one_click_unsubscribe=one_click,
         )
     return out
 

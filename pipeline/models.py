@@ -212,6 +212,15 @@ class Preferences(_Record):
     ``"<category>.*"``) to on/off; anything not listed is on.
     ``quiet_hours`` is ``"HH:MM-HH:MM"`` in ``tz`` (IANA), or None;
     ``channel_quiet_hours`` overrides it per channel, with several windows each.
+
+    As an update on ``notify.preferences`` it also says where it comes from:
+    ``source`` (``stream``: a producer writing the topic; ``api``: a PUT;
+    ``one_click``: an unsubscribe link; ``provider:<name>``: a provider's
+    feedback, a spam complaint or an unsubscribe) and ``producer`` (whose, where
+    known), which the unsubscribe records keep (agents/users.py). ``merge``:
+    only ``switches`` are applied over the user's current preferences, whatever
+    their version (the opt-outs that do not know the whole document:
+    pipeline/rules/preferences.py).
     """
 
     user_id: str
@@ -226,6 +235,9 @@ class Preferences(_Record):
     email: Optional[str] = None
     webhook_url: Optional[str] = None
     locale: Optional[str] = None
+    source: str = "stream"
+    producer: str = ""
+    merge: bool = False
     v: int = SCHEMA_VERSION
 
 
@@ -272,6 +284,10 @@ class Receipt(_Record):
     status: str  # DELIVERED | UNDELIVERED
     at: float
     error: Optional[str] = None
+    #: the recipient opted out through the provider (a spam complaint, the
+    #: provider's unsubscribe link): the delivery's category is switched off on
+    #: its channel (agents/receipts.py)
+    opt_out: bool = False
     v: int = SCHEMA_VERSION
 
 

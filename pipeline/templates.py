@@ -136,6 +136,7 @@ class Renderer:
         # recipients who share a locale get the same content, rendered once
         self._rendered: dict[tuple[str, str, bytes], dict[str, str]] = {}
         self._deterministic: dict[str, bool] = {}
+        self._mentions: dict[tuple[str, str], bool] = {}
         self.reload()
 
     @classmethod
@@ -165,6 +166,7 @@ class Renderer:
         self._compiled = {}
         self._rendered = {}
         self._deterministic = {}
+        self._mentions = {}
 
     def has_template(self, code: str, version: int, channel: str | None = None) -> bool:
         """Whether any locale of ``code`` v``version`` exists (for ``channel``, if given)."""
@@ -217,6 +219,26 @@ class Renderer:
         used = meta.find_undeclared_variables(self._plain.parse(source))
         have = {k for k in (params or {}) if isinstance(k, str)}
         return name, sorted(used - have - set(self._plain.globals))
+
+    def mentions(self, code: str, version: int, channel: str, locale: str | None, word: str) -> bool:
+        """Whether the template ``render`` would use names ``word`` anywhere in its
+        source, or pulls in another file (a cheap test, remembered per file): the
+        guard passes a per-user variable (``unsubscribe_url``) only to the templates
+        that use it, so the others' renders stay shared by an event's recipients
+        (the memo)."""
+        found = self.resolve(code, version, channel, locale) if channel in CHANNEL_PARTS else None
+        if found is None:
+            return False
+        key = (found[1], word)
+        hit = self._mentions.get(key)
+        if hit is None:
+            try:
+                source = self._plain.loader.get_source(self._plain, found[1])[0]
+            except TemplateNotFound:
+                return False
+            # a template that pulls in another file may use it there
+            hit = self._mentions[key] = word in source or any(w in source for w in ("include", "import", "extends"))
+        return hit
 
     # ------------------------------------------------------------------ render
 

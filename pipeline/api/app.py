@@ -20,6 +20,7 @@ Endpoints and scopes (``Authorization: Bearer <key>``, see :mod:`.auth`)::
     GET    /v1/users/{id}/inbox                users:read        routes/inbox.py
     POST   /v1/users/{id}/inbox/read           users:write       routes/inbox.py
     GET    /t/c/{token}, /t/o/{token}.gif      open (signed token) routes/tracking.py
+    GET    /u/{token}, POST /u/{token}          open (signed token) routes/unsubscribe.py (RFC 8058 one-click)
     POST   /v1/reads                           users:write       routes/tracking.py
     GET    /v1/stats, /v1/unsubscribes         records:read      routes/tracking.py
     POST   /v1/receipts/{provider}             provider signature (twilio, smsvendor; a sendgrid or ses
@@ -55,6 +56,7 @@ from .routes.records import Records
 from .routes.releases import Releases
 from .routes.slo import Slo
 from .routes.tracking import Tracking
+from .routes.unsubscribe import Unsubscribe
 from .state import BROKER_POOL, Api
 
 __all__ = ["make_app", "Api", "API_KEY", "DEFAULT_IDEMPOTENCY_TTL",
@@ -186,7 +188,7 @@ def make_app(
     # in this order: "/" and the open endpoints first, receipts last
     for routes in (
         Health(api), Events(api), Records(api), Slo(api), Releases(api), Preferences(api), Devices(api),
-        Inbox(api), Tracking(api), Receipts(api, receipts or ReceiptAdapters.default()),
+        Inbox(api), Tracking(api), Unsubscribe(api), Receipts(api, receipts or ReceiptAdapters.default()),
     ):
         routes.add_to(app.router)
     return app

@@ -448,6 +448,39 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                                   "404": _err("not a token this deployment signed")},
                 }
             },
+            "/u/{token}": {
+                "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"},
+                                "description": "signed: a user, a category and a channel (the link a delivery "
+                                               "carries as unsubscribe_url / List-Unsubscribe)"}],
+                "get": {
+                    "operationId": "unsubscribePage",
+                    "summary": "The one-click unsubscribe link's page: what it turns off, and a form that POSTs "
+                               "List-Unsubscribe=One-Click (the signed token is the authority: no key)",
+                    "security": [],
+                    "responses": {"200": {"description": "the page", "content": {"text/html": {}}},
+                                  "403": {"description": "a category that cannot be unsubscribed (a page saying so)",
+                                          "content": {"text/html": {}}},
+                                  "404": _err("not a token this deployment signed")},
+                },
+                "post": {
+                    "operationId": "unsubscribeOneClick",
+                    "summary": "RFC 8058 one-click unsubscribe: turns the token's category off on its channel "
+                               "(a preferences update, source one_click; recorded in GET /v1/unsubscribes)",
+                    "security": [],
+                    "requestBody": {"required": True, "content": {
+                        media: {"schema": {"type": "object", "required": ["List-Unsubscribe"],
+                                           "properties": {"List-Unsubscribe": {"type": "string",
+                                                                               "enum": ["One-Click"]}}}}
+                        for media in ("application/x-www-form-urlencoded", "multipart/form-data")}},
+                    "responses": {"200": {"description": "unsubscribed (a page saying so)",
+                                          "content": {"text/html": {}}},
+                                  "400": _err("the body is not List-Unsubscribe=One-Click"),
+                                  "403": {"description": "a category that cannot be unsubscribed (a page saying so)",
+                                          "content": {"text/html": {}}},
+                                  "404": _err("not a token this deployment signed"),
+                                  "503": _err("broker unavailable")},
+                },
+            },
             "/t/o/{token}.gif": {
                 "get": {
                     "operationId": "openPixel",

@@ -461,6 +461,14 @@ def parse_preferences(raw: Mapping[str, Any], settings: Any = None) -> Preferenc
     except ValueError as exc:
         raise InvalidEvent("bad_timezone", "tz", str(exc)) from None
 
+    source = raw.get("source")
+    source = "stream" if source is None or source == "" else source
+    if not isinstance(source, str) or not _SOURCE_RE.fullmatch(source):
+        raise InvalidEvent("bad_value", "source", "stream, api, one_click, provider:<name> (a-z, 0-9, _, then :name)")
+    merge = raw.get("merge", False)
+    if not isinstance(merge, bool):
+        raise InvalidEvent("wrong_type", "merge", "true or false")
+
     return Preferences(
         user_id=user_id,
         version=version,
@@ -472,8 +480,15 @@ def parse_preferences(raw: Mapping[str, Any], settings: Any = None) -> Preferenc
         email=_email(raw.get("email")),
         webhook_url=_webhook(raw.get("webhook_url")),
         locale=_opt_locale(raw),
+        source=source,
+        producer=_opt_producer(raw),
+        merge=merge,
         v=v,
     )
+
+
+#: where a preferences update comes from (Preferences.source)
+_SOURCE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[A-Za-z0-9_.-]{1,64})?")
 
 
 def _opt_str(value: Any, field: str) -> Optional[str]:
@@ -634,7 +649,11 @@ def parse_receipt(raw: Mapping[str, Any]) -> Receipt:
     at = _finite(raw, "at", 0.0)
     if at >= MAX_TIME:  # the year 2286: a receipt in milliseconds, or a forgery; the store refuses it
         raise InvalidEvent("bad_value", "at", "a unix time in seconds")
-    return Receipt(provider=provider, provider_msg_id=msg_id, status=status, at=at, error=error, v=v)
+    opt_out = raw.get("opt_out", False)
+    if not isinstance(opt_out, bool):
+        raise InvalidEvent("wrong_type", "opt_out", "true or false")
+    return Receipt(provider=provider, provider_msg_id=msg_id, status=status, at=at, error=error, opt_out=opt_out,
+                   v=v)
 
 
 def address_ok(channel: str, address: str) -> bool:

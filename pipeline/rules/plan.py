@@ -8,7 +8,11 @@ the order of seed 000's GUARD and DESIGN.md, as one pure function.
     → daily limit per user × category (security/OTP exempt), counted once per notification
     → sliding windows per user × category (seed 002; ``rate_windows``), counted likewise
     → render per channel (a template problem fails that channel only); links in
-      email, push and inbox content rewritten to the signed redirect (tracking.py)
+      email, push and inbox content rewritten to the signed redirect (tracking.py);
+      a category with ``one_click_unsubscribe`` gets the user's signed unsubscribe
+      link: ``unsubscribe_url`` for the email, push and inbox templates that use it
+      (an event's own ``unsubscribe_url`` param wins), and ``content["unsubscribe_url"]``
+      on an email (for its ``List-Unsubscribe`` header: tracking.list_unsubscribe_headers)
     → one Delivery per channel, PENDING; push: one per device of the user (the most
       recently registered first, at most ``[channels.push] max_devices``), each with
       its own delivery id ``<record's delivery_id>.<device digest>``, under the one
@@ -150,6 +154,23 @@ def _defer(plan: Plan, intent: Intent, chosen: list[str], prefs: Any, now: float
     return [c for c in chosen if dues[c] is None]
 
 
+def _unsubscribe_url(tracker: Any, cat: Any, intent: Intent, channel: str) -> Optional[str]:
+    """The user's one-click unsubscribe link of this category and channel, or None
+    (tracking off, a category that cannot be refused, a channel without one)."""
+    if tracker is None or not getattr(cat, "one_click_unsubscribe", False) \
+            or channel not in tracking.UNSUBSCRIBE_CHANNELS:
+        return None
+    try:
+        return tracking.unsubscribe_url(tracker, intent.user_id, intent.category, channel, intent.producer)
+    except ValueError:
+        return None
+
+
+def _uses(renderer: Any, code: str, version: int, channel: str, locale: Optional[str], name: str) -> bool:
+    mentions = getattr(renderer, "mentions", None)
+    return True if mentions is None else bool(mentions(code, version, channel, locale, name))
+
+
 def plan_intent(
     intent: Intent,
     *,
@@ -248,15 +269,22 @@ def _plan(intent: Intent, settings: Any, renderer: Any, prefs: Any, devices: Opt
     version = getattr(prefs, "version", 0) or 0
     for channel in fresh:
         plan.dedup_keys.append(dedup_key(intent.user_id, intent.biz_key, channel, intent.producer))
+        unsub = _unsubscribe_url(tracker, cat, intent, channel)
         try:
             tv = release.template_version(releases, intent.template, intent.template_version, intent.user_id)
-            content = renderer.render(intent.template, tv, channel, locale, intent.params)
+            params = intent.params
+            if unsub is not None and "unsubscribe_url" not in params and _uses(renderer, intent.template, tv, channel,
+                                                                                locale, "unsubscribe_url"):
+                params = {**params, "unsubscribe_url": unsub}
+            content = renderer.render(intent.template, tv, channel, locale, params)
         except TemplateError as exc:
             plan.outcomes.append(outcome(intent, channel, State.FAILED, now, reason=TEMPLATE_ERROR, detail=str(exc)))
             continue
         did = delivery_id(intent.biz_key, intent.user_id, channel, intent.producer)
         if tracker is not None:  # links → the API's signed redirect (rules/tracking.py)
             content, _links = tracking.rewrite(tracker, channel, did, content)
+        if unsub is not None and channel == "email":
+            content["unsubscribe_url"] = unsub
         d = Delivery(
             delivery_id=did,
             notification_id=intent.notification_id,

@@ -1,6 +1,7 @@
 """Tracking (issue 20 item 4): signed link tokens, the rewrite of rendered
-content's links to the API's redirect, the open pixel, and the opt-outs a
-preferences update makes. Pure: no I/O; the key is given.
+content's links to the API's redirect, the open pixel, the one-click
+unsubscribe link (RFC 8058), and the opt-outs a preferences update makes.
+Pure: no I/O; the key is given.
 
 Tokens
 ------
@@ -12,12 +13,20 @@ bytes), then for a click the index (one byte, links 0–254) and the URL's
 bytes. The token is the only authority of ``GET /t/c/<token>``: it cannot
 be forged nor altered without the key, so the redirect is never open.
 
+An unsubscribe token (``<base_url>/u/<token>``, :func:`unsubscribe_url`)
+names a switch of one user: ``payload`` = the channel's number (one byte),
+then the user id, the category and the producer, each as a 2-byte big-endian
+length and its UTF-8 bytes; ``mac`` over ``"u"`` ‖ payload. It is the only
+authority of ``POST /u/<token>`` (RFC 8058 one-click: no key, no cookie), so
+it names nothing but that one switch.
+
 Rewriting
 ---------
 ``http``/``https`` links in email (``text``, ``html``), push (``body``) and
 inbox (``body``) become ``<base_url>/t/c/<token>``; the same URL in two parts
 gets the same index; a link already pointing at ``<base_url>/t/`` is left
-alone (never rewritten twice). A part with a length limit (push and inbox
+alone (never rewritten twice), and so is the unsubscribe link
+(``<base_url>/u/``: it must reach the API itself). A part with a length limit (push and inbox
 bodies) whose rewritten text would exceed it keeps its original links: a
 truncated link would break, an untracked one still works.
 """
@@ -33,13 +42,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-__all__ = ["Tracker", "Link", "sign_click", "sign_open", "verify_click", "verify_open", "rewrite",
-           "switched_off", "TRACKED_PARTS", "MAX_LINKS"]
+__all__ = ["Tracker", "Link", "Unsubscribe", "sign_click", "sign_open", "verify_click", "verify_open", "rewrite",
+           "sign_unsubscribe", "verify_unsubscribe", "unsubscribe_url", "list_unsubscribe_headers",
+           "UNSUBSCRIBE_CHANNELS", "ONE_CLICK_BODY", "switched_off", "TRACKED_PARTS", "MAX_LINKS"]
 
 #: the parts whose links are rewritten, per channel
 TRACKED_PARTS: dict[str, tuple[str, ...]] = {"email": ("text", "html"), "push": ("body",), "inbox": ("body",)}
 #: links per delivery that get an index (the rest are left as they are)
 MAX_LINKS = 255
+#: the channels whose templates get ``unsubscribe_url`` (email also carries it in
+#: its content, for the ``List-Unsubscribe`` header: :func:`list_unsubscribe_headers`)
+UNSUBSCRIBE_CHANNELS = ("email", "push", "inbox")
+#: RFC 8058: the body of the one-click POST (form-encoded)
+ONE_CLICK_BODY = "List-Unsubscribe=One-Click"
 _MAC = 16
 _CHANNELS = ("inbox", "push", "sms", "email", "webhook")
 _DID_RE = re.compile(r"^n_([0-9a-f]{20})\.(inbox|push|sms|email|webhook)$")
@@ -63,12 +78,27 @@ class Tracker:
     def prefix(self) -> str:
         return self.base_url.rstrip("/") + "/t/"
 
+    @property
+    def unsubscribe_prefix(self) -> str:
+        return self.base_url.rstrip("/") + "/u/"
+
 
 @dataclass(frozen=True)
 class Link:
     delivery_id: str
     index: int
     url: str
+
+
+@dataclass(frozen=True)
+class Unsubscribe:
+    """What an unsubscribe token names: one user's ``<category>.<channel>`` switch,
+    and the producer whose delivery carried the link (``""``: the operator's)."""
+
+    user_id: str
+    category: str
+    channel: str
+    producer: str = ""
 
 
 def _b64(raw: bytes) -> str:
@@ -160,6 +190,66 @@ def verify_open(key: bytes, token: str) -> Optional[str]:
     return got[0] if got is not None and not got[1] else None
 
 
+def _pack_str(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ValueError("too long to sign")
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _unpack_strs(buf: bytes, n: int) -> Optional[list[str]]:
+    out, at = [], 0
+    for _ in range(n):
+        if len(buf) < at + 2:
+            return None
+        size = int.from_bytes(buf[at:at + 2], "big")
+        at += 2
+        if len(buf) < at + size:
+            return None
+        try:
+            out.append(buf[at:at + size].decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+        at += size
+    return out if at == len(buf) else None
+
+
+def sign_unsubscribe(key: bytes, user_id: str, category: str, channel: str, producer: str = "") -> str:
+    """The token of one user's ``<category>.<channel>`` switch (see the module's doc)."""
+    if channel not in _CHANNELS or not user_id or not category:
+        raise ValueError("an unsubscribe token names a user, a category and a channel")
+    payload = bytes([_CHANNELS.index(channel)]) + _pack_str(user_id) + _pack_str(category) + _pack_str(producer)
+    return _b64(_mac(key, b"u", payload) + payload)
+
+
+def verify_unsubscribe(key: bytes, token: str) -> Optional[Unsubscribe]:
+    """The switch an unsubscribe token names, or None (bad token, wrong key, any change)."""
+    payload = _checked(key, b"u", token)
+    if payload is None or payload[0] >= len(_CHANNELS):
+        return None
+    got = _unpack_strs(payload[1:], 3)
+    if got is None or not got[0] or not got[1]:
+        return None
+    return Unsubscribe(got[0], got[1], _CHANNELS[payload[0]], got[2])
+
+
+def unsubscribe_url(tracker: Tracker, user_id: str, category: str, channel: str, producer: str = "") -> str:
+    """``<base_url>/u/<token>``: the one-click unsubscribe link of that switch."""
+    return tracker.unsubscribe_prefix + sign_unsubscribe(tracker.key, user_id, category, channel, producer)
+
+
+def list_unsubscribe_headers(url: str) -> dict[str, str]:
+    """The e-mail headers of RFC 8058 one-click unsubscribe for ``url`` (an
+    ``https`` URL in production: RFC 8058 asks for one; mail clients ignore
+    ``http``): ``List-Unsubscribe: <url>`` and ``List-Unsubscribe-Post:
+    List-Unsubscribe=One-Click``. The URL cannot break out of the header: a
+    token is base64url and the base URL was checked (config/settings.py)."""
+    if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")) \
+            or any(c in url for c in "<>\r\n\t "):
+        raise ValueError("not an http(s) URL fit for List-Unsubscribe")
+    return {"List-Unsubscribe": f"<{url}>", "List-Unsubscribe-Post": ONE_CLICK_BODY}
+
+
 def _split_url(raw: str) -> tuple[str, str]:
     """A matched URL without the punctuation that ends a sentence: (url, rest)."""
     end = len(raw)
@@ -179,7 +269,7 @@ def rewrite(tracker: Tracker, channel: str, delivery_id: str,
     out = dict(content)
     parts = TRACKED_PARTS.get(channel, ())
     indexes: dict[str, int] = {}
-    prefix = tracker.prefix
+    prefix, unsub_prefix = tracker.prefix, tracker.unsubscribe_prefix
     for part in parts:
         text = content.get(part)
         if not isinstance(text, str) or "://" not in text:
@@ -190,7 +280,7 @@ def rewrite(tracker: Tracker, channel: str, delivery_id: str,
         def repl(m: re.Match) -> str:
             url, rest = _split_url(m.group(0))
             target = html.unescape(url) if is_html else url
-            if not url or target.lower().startswith(prefix.lower()):
+            if not url or target.lower().startswith((prefix.lower(), unsub_prefix.lower())):
                 return m.group(0)
             if target not in local:
                 if len(local) >= MAX_LINKS:

@@ -55,7 +55,9 @@ Tables
     (``delivery_id`` of the record, the link's index and target, time, a hash
     of the user agent); the first read of a delivery per ``kind`` (``inbox``,
     ``push_open``, ``email_open``; primary key ``(delivery_id, kind)``); every
-    opt-out (user, ``category.channel`` switch, ``source``, time, producer).
+    opt-out (user, ``category.channel`` switch, ``source``, time, producer;
+    ``UNIQUE (user_id, category, channel, at)``: written by agents/users.py with
+    the update's own time, so a replayed update adds no second row).
 """
 
 from __future__ import annotations
@@ -192,8 +194,14 @@ CREATE TABLE IF NOT EXISTS unsubscribes (
 );
 CREATE INDEX IF NOT EXISTS ix_unsubscribes_user ON unsubscribes (user_id);
 CREATE INDEX IF NOT EXISTS ix_unsubscribes_at ON unsubscribes (at);
+-- one row per opt-out however often its update is applied (agents/users.py: ``at``
+-- is the update's own broker timestamp); a file from before this key keeps its first
+-- row of any duplicate
+DELETE FROM unsubscribes WHERE id NOT IN (SELECT min(id) FROM unsubscribes GROUP BY user_id, category, channel, at);
+CREATE UNIQUE INDEX IF NOT EXISTS ux_unsubscribes_once ON unsubscribes (user_id, category, channel, at);
 """
-_OBJECTS += ("clicks", "ix_clicks_delivery", "reads", "unsubscribes", "ix_unsubscribes_user", "ix_unsubscribes_at")
+_OBJECTS += ("clicks", "ix_clicks_delivery", "reads", "unsubscribes", "ix_unsubscribes_user", "ix_unsubscribes_at",
+             "ux_unsubscribes_once")
 # a push's deliveries, one per device, under its one record (devices.py)
 _SCHEMA += devices.SCHEMA
 _OBJECTS += devices.OBJECTS

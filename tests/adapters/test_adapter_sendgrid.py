@@ -90,6 +90,29 @@ async def test_bulk_mail_is_not_auto_submitted_and_text_only_content_is_plain(sg
         body = sg.core.messages[r.provider_msg_id]["body"]
         assert "Auto-Submitted" not in body["headers"] and body["categories"] == ["marketing"]
         assert body["content"] == [{"type": "text/plain", "value": "50% off"}]
+        assert "List-Unsubscribe" not in body["headers"]
+    finally:
+        await p.close()
+
+
+async def test_a_delivery_with_its_unsubscribe_link_carries_rfc_8058_headers(sg, make_delivery):
+    url = "https://notify.example/u/AbC-d_e"
+    p = provider_for(sg)
+    try:
+        d = make_delivery("email", "bob@example.com", {"subject": "Sale", "text": "50% off", "unsubscribe_url": url})
+        d.category = "marketing"
+        r = await p.send(d)
+        assert r.result == AttemptResult.ACCEPTED, r
+        body = sg.core.messages[r.provider_msg_id]["body"]
+        # the judge: sendgrid's own helpers, the headers as RFC 8058 has them
+        mail = Mail(from_email=From(FROM, "Notify"), to_emails="bob@example.com", subject="Sale",
+                    plain_text_content="50% off")
+        mail.header = Header("X-Notify-Id", d.delivery_id)
+        mail.header = Header("List-Unsubscribe", f"<{url}>")
+        mail.header = Header("List-Unsubscribe-Post", "List-Unsubscribe=One-Click")
+        mail.category = Category("marketing")
+        mail.custom_arg = CustomArg("notify_id", d.delivery_id)
+        assert body == mail.get()
     finally:
         await p.close()
 
@@ -271,7 +294,12 @@ def test_event_parsing():
     got = [(r.provider_msg_id, r.status, r.error, r.at) for r in parse_sendgrid_events(orjson.dumps(events), now=now)]
     assert got == [("A", "DELIVERED", None, now - 5), ("B", "DELIVERED", None, now),
                    ("C", "DELIVERED", "spamreport", now), ("D", "UNDELIVERED", "bounce blocked: IP blocked", now),
-                   ("E", "UNDELIVERED", "dropped: Unsubscribed Address", now)]
+                   ("E", "UNDELIVERED", "dropped: Unsubscribed Address", now),
+                   ("F", "DELIVERED", "group_unsubscribe", now)]
+    # the opt-outs: a spam report and SendGrid's own unsubscribe links (the mail reached them)
+    parsed = parse_sendgrid_events(orjson.dumps(events + [{"event": "unsubscribe", "sg_message_id": "G.g",
+                                                            "timestamp": now}]), now=now)
+    assert [r.provider_msg_id for r in parsed if r.opt_out] == ["C", "F", "G"]
     for bad in ([{"event": "delivered"}], [{"event": "delivered", "sg_message_id": "a\u202eb"}], [1], {"a": 1},
                 [{"event": "delivered", "sg_message_id": "A", "timestamp": now * 1000}]):
         with pytest.raises(ReceiptRejected) as exc:

@@ -88,6 +88,13 @@ async def test_accepted_and_the_body_is_a_sendemail_of_the_service_model(ses, em
                                                         {"Name": "Auto-Submitted", "Value": "auto-generated"}]
         assert body["ConfigurationSetName"] == "notify-events"
         assert {"Name": "notify_id", "Value": d.delivery_id} in body["EmailTags"]
+        # with its one-click unsubscribe link: RFC 8058's headers, still a valid SendEmail
+        url = "https://notify.example/u/AbC-d_e"
+        body = p.build_body(make_delivery("email", "ann@example.com", {**CONTENT, "unsubscribe_url": url}))
+        validate_parameters(body, model.input_shape)
+        assert body["Content"]["Simple"]["Headers"][-2:] == [
+            {"Name": "List-Unsubscribe", "Value": f"<{url}>"},
+            {"Name": "List-Unsubscribe-Post", "Value": "List-Unsubscribe=One-Click"}]
         receipt = await email_collector.receipt_for(r)
         assert (receipt.status, receipt.provider, receipt.error) == ("DELIVERED", "ses", None)
         q = await p.query(d.delivery_id, r.provider_msg_id)
@@ -184,8 +191,9 @@ async def test_bounce_and_complaint_notifications(ses, email_collector, make_del
         assert receipt.status == "UNDELIVERED" and receipt.error == "bounce Permanent/General: smtp; 550 5.1.1 user unknown"
         r = await p.send(make_delivery("email", "complaint@example.com", CONTENT))
         await email_collector.wait_until(lambda: sum(x.provider_msg_id == r.provider_msg_id for x in email_collector.receipts) == 2)
-        assert [(x.status, x.error) for x in email_collector.receipts if x.provider_msg_id == r.provider_msg_id] == [
-            ("DELIVERED", None), ("DELIVERED", "complaint abuse")]
+        assert [(x.status, x.error, x.opt_out) for x in email_collector.receipts
+                if x.provider_msg_id == r.provider_msg_id] == [
+            ("DELIVERED", None, False), ("DELIVERED", "complaint abuse", True)]  # a complaint is an opt-out
         assert email_collector.rejected == []
     finally:
         await p.close()

@@ -133,6 +133,7 @@ def test_relative_templates_dir_is_relative_to_the_file(tmp_path):
         ('[categories.otp]\ndefault_channels = ["fax"]\n', "categories.otp.default_channels", "fax"),
         ("[categories.otp]\ndefault_channels = []\n", "categories.otp.default_channels", []),
         ('[categories.otp]\ninbox_fallback = "yes"\n', "categories.otp.inbox_fallback", "yes"),
+        ('[categories.otp]\none_click_unsubscribe = "yes"\n', "categories.otp.one_click_unsubscribe", "yes"),
         ("[categories.otp]\ncolour = 1\n", "categories.otp.colour", 1),
         ('[categories.new]\npriority = "low"\n', "categories.new.dedup_window_s", None),
         ('[categories."Bad-Name"]\npriority = "low"\n', "categories.Bad-Name", "Bad-Name"),

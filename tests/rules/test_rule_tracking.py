@@ -89,3 +89,100 @@ def test_html_unescape_is_only_for_html():
     assert html.unescape("&amp;") == "&"
     out, links = T.rewrite(TR, "inbox", DID, {"title": "t", "body": "https://x.example/?a=1&amp;b"})
     assert links[0].url == "https://x.example/?a=1&amp;b"
+
+
+# ---------------------------------------------------------------- one-click unsubscribe (RFC 8058)
+
+names = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(user=names, category=names, channel=st.sampled_from(["email", "push", "inbox", "sms", "webhook"]),
+       producer=st.one_of(st.just(""), names), data=st.data())
+def test_an_unsubscribe_token_verifies_and_any_bit_flip_fails(user, category, channel, producer, data):
+    tok = T.sign_unsubscribe(KEY, user, category, channel, producer)
+    assert T.verify_unsubscribe(KEY, tok) == T.Unsubscribe(user, category, channel, producer)
+    assert T.verify_unsubscribe(b"other key", tok) is None
+    # not a click or open token, and they are not unsubscribe tokens
+    assert T.verify_click(KEY, tok) is None and T.verify_open(KEY, tok) is None
+    assert T.verify_unsubscribe(KEY, T.sign_open(KEY, DID)) is None
+    raw = bytearray(T._unb64(tok))
+    bit = data.draw(st.integers(0, len(raw) * 8 - 1))
+    raw[bit // 8] ^= 1 << (bit % 8)
+    assert T.verify_unsubscribe(KEY, T._b64(bytes(raw))) is None
+    # cut short or lengthened
+    assert T.verify_unsubscribe(KEY, tok[:-1]) is None and T.verify_unsubscribe(KEY, tok + "A") is None
+
+
+def test_garbage_unsubscribe_tokens_are_refused():
+    for tok in ("", "x", "%%%", "A" * 9000, "AAAA", "tok1"):
+        assert T.verify_unsubscribe(KEY, tok) is None
+    for bad in (("", "marketing", "email"), ("u1", "", "email"), ("u1", "marketing", "fax")):
+        try:
+            T.sign_unsubscribe(KEY, *bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"signed {bad}")
+
+
+def test_the_unsubscribe_url_and_its_headers():
+    url = T.unsubscribe_url(TR, "u1", "marketing", "email", "shop")
+    assert url.startswith("https://n.example/u/")
+    assert T.verify_unsubscribe(KEY, url.rsplit("/", 1)[1]) == T.Unsubscribe("u1", "marketing", "email", "shop")
+    assert T.list_unsubscribe_headers(url) == {"List-Unsubscribe": f"<{url}>",
+                                               "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"}
+    for bad in ("", "mailto:x@y", "https://a/\r\nBcc: x@y", "https://a/<b>", "https://a b"):
+        try:
+            T.list_unsubscribe_headers(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"a header of {bad!r}")
+
+
+def test_the_unsubscribe_link_is_never_rewritten_to_the_click_redirect():
+    url = T.unsubscribe_url(TR, "u1", "marketing", "email")
+    content = {"subject": "s", "text": f"Shop https://shop.example/x\nUnsubscribe: {url}",
+               "html": f'<a href="https://shop.example/x">shop</a> <a href="{url}">unsubscribe</a>'}
+    out, links = T.rewrite(TR, "email", DID, content)
+    assert [link.url for link in links] == ["https://shop.example/x"]
+    assert out["text"].endswith(f"Unsubscribe: {url}") and f'href="{url}"' in out["html"]
+
+
+def test_the_plan_gives_a_refusable_category_its_unsubscribe_link():
+    from config.settings import load_settings
+    from pipeline.models import Intent, Preferences
+    from pipeline.rules.plan import plan_intent
+    from pipeline.templates import Renderer
+
+    s = load_settings(env={})
+    r = Renderer.from_settings(s)
+    prefs = Preferences(user_id="u1", email="u1@example.com")
+
+    def plan(**kw):
+        base = dict(notification_id="n_1", biz_key="b1", user_id="u1", category="marketing", template="promo",
+                    template_version=1, priority="low", channels=["email", "inbox"], producer="shop",
+                    params={"headline": "Sale", "discount": "10%", "url": "https://shop.example/sale"})
+        base.update(kw)
+        return plan_intent(Intent(**base), settings=s, renderer=r, prefs=prefs, devices=None, now=1_800_000_000.0,
+                           dedup_seen=lambda k: None, count_today=lambda k: 0, recent_sends=lambda k: [],
+                           tracker=TR)
+
+    assert s.categories["marketing"].one_click_unsubscribe and not s.categories["otp"].one_click_unsubscribe
+    # only the templates that use it get it (the others' renders stay shared by an event's recipients)
+    assert r.mentions("promo", 1, "email", "en", "unsubscribe_url")
+    assert not r.mentions("promo", 1, "push", "en", "unsubscribe_url")
+    email, inbox = plan().deliveries
+    url = email.content["unsubscribe_url"]
+    assert T.verify_unsubscribe(KEY, url.split("/u/", 1)[1]) == T.Unsubscribe("u1", "marketing", "email", "shop")
+    # in the template (promo's footer), not rewritten to the click redirect; the shop link is
+    assert f"Unsubscribe: {url}" in email.content["text"] and f'href="{url}"' in email.content["html"]
+    assert "https://shop.example/sale" not in email.content["text"]
+    assert "unsubscribe_url" not in inbox.content  # only e-mail carries it for a header
+    # an event's own unsubscribe_url wins in the template; the header link stays ours
+    own = plan(params={"headline": "Sale", "discount": "10%", "url": "https://shop.example/sale",
+                       "unsubscribe_url": "https://shop.example/prefs"}).deliveries[0]
+    assert own.content["unsubscribe_url"] == url and "/u/" not in own.content["text"]
+    # a transactional e-mail gets none; nor does anything without a tracker
+    ship = plan(category="transaction", template="order_shipped", priority="normal", channels=["email"],
+                params={"order_no": "1", "carrier": "UPS", "tracking_no": "1Z", "tracking_url": "https://t.example"})
+    assert "unsubscribe_url" not in ship.deliveries[0].content

@@ -27,9 +27,10 @@ from tests.api.conftest import TWILIO_TOKEN, VENDOR_SECRET
 OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/v1/status.json"),
                ("GET", "/v1/openapi.json")}
 SIGNED_ROUTES = {("POST", "/v1/receipts/{provider}")}
-#: open, the signed token in the path being the authority (tracked links, the open pixel):
+#: open, the signed token in the path being the authority (tracked links, the open pixel, the
+#: one-click unsubscribe link of RFC 8058, which must take a POST without any key or cookie):
 #: a token this deployment did not sign is a 404
-TRACKED_ROUTES = {("GET", "/t/c/{token}"), ("GET", "/t/o/{token}.gif")}
+TRACKED_ROUTES = {("GET", "/t/c/{token}"), ("GET", "/t/o/{token}.gif"), ("GET", "/u/{token}"), ("POST", "/u/{token}")}
 SAMPLE = {"id": "u1", "token": "tok1", "provider": "twilio", "name": "ship-v2"}
 
 

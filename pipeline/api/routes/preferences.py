@@ -3,28 +3,33 @@
 ``<ns>:api:prefs`` (hash user_id → Preferences JSON)
     The read model of ``GET /v1/users/{id}/preferences``: the last PUT accepted
     by the API, written (compare-and-set on the version) before the update is
-    produced to ``notify.preferences``. Updates that producers write straight
-    to the topic are not reflected here.
+    produced to ``notify.preferences`` (with ``source`` ``api`` and the key's
+    producer). Updates that producers write straight to the topic are not
+    reflected here; a one-click unsubscribe (routes/unsubscribe.py) turns its
+    switch off here too when the user has a document.
+
+Opt-outs are not recorded here: the users agent records every switch an update
+turns off when it applies it (agents/users.py), whatever sent the update.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from typing import Any, Callable
 
 import orjson
 from aiohttp import web
 
 from pipeline import topics as T
+from pipeline.models import Preferences as Prefs
 from pipeline.parsers.events import InvalidEvent, parse_preferences
-from pipeline.rules.tracking import switched_off
 
 from ..auth import PRINCIPAL, requires
 from ..errors import api_error
 from ..request import coerce_integers, user_id
 from . import Routes
 
-__all__ = ["Preferences"]
+__all__ = ["Preferences", "publish_preferences", "read_model_value", "message"]
 
 log = logging.getLogger("notify.api")
 
@@ -58,8 +63,6 @@ class Preferences(Routes):
 
     @requires("users:write")
     async def put_preferences(self, request: web.Request) -> web.Response:
-        writer, client = self.api.writer, self.api.client
-        assert writer is not None
         uid = user_id(request)
         body = await self.json_body(request)
         if not isinstance(body, dict):
@@ -70,14 +73,10 @@ class Preferences(Routes):
         explicit = body.get("version")
         if isinstance(explicit, int) and not isinstance(explicit, bool) and explicit > _MAX_VERSION:
             raise api_error(400, "bad_value", f"version is at most {_MAX_VERSION}", field="version")
-        for _ in range(8):
-            cur = await client.hget(self.prefs_key, uid)
-            cur_v = -1
-            if cur is not None:
-                try:
-                    cur_v = int(orjson.loads(cur).get("version") or 0)
-                except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-                    cur_v = 0
+        # where the update comes from is ours to say, and a PUT replaces the whole document
+        body = {k: v for k, v in body.items() if k not in _MESSAGE_FIELDS}
+
+        def build(_cur: dict | None, cur_v: int) -> Prefs:
             doc = {**body, "user_id": uid, "version": explicit if explicit is not None else max(cur_v + 1, 1)}
             try:
                 prefs = parse_preferences(doc, self.api.settings)
@@ -89,36 +88,73 @@ class Preferences(Routes):
             if prefs.version < cur_v:
                 raise api_error(409, "stale_version", f"version {prefs.version} < current {cur_v}",
                                 field="version", current_version=cur_v)
-            value = prefs.dumps()
-            if int(await client.eval(_PREFS_CAS, 1, self.prefs_key, uid, cur or b"", value)):
-                break
-        else:
-            raise api_error(409, "conflict", "concurrent updates of these preferences; retry")
-        try:
-            await writer.send([(T.PREFERENCES, uid.encode(), value, [])])
-        except BaseException:
-            # put the read model back (only if nobody changed it since)
-            try:
-                await client.eval(_PREFS_CAS, 1, self.prefs_key, uid, value, cur or b"")
-            except Exception:  # noqa: BLE001
-                log.warning("could not restore the preferences read model of %s", uid, exc_info=True)
-            raise
-        await self._record_opt_outs(request, uid, cur, prefs)
-        return web.Response(body=value, status=202, content_type="application/json")
+            return prefs
 
-    async def _record_opt_outs(self, request: web.Request, uid: str, cur: bytes | None, prefs) -> None:
-        """Every switch this update turns off, as an unsubscribe (source ``api``)."""
-        try:
-            before = orjson.loads(cur).get("switches") if cur else None
-        except (orjson.JSONDecodeError, AttributeError):
-            before = None
-        off = switched_off(before if isinstance(before, dict) else None, prefs.switches or {})
-        if not off or self.api.store is None:
-            return
         principal = request.get(PRINCIPAL)
         producer = principal.producer if principal is not None else ""
-        now = time.time()
-        try:
-            await self.api.store.add_unsubscribes([(uid, c, ch, "api", now, producer) for c, ch in off])
-        except Exception:  # noqa: BLE001 - the update itself is done
-            log.warning("could not record the opt-outs of %s", uid, exc_info=True)
+        prefs = await publish_preferences(self.api, uid, build,
+                                          lambda p: message(p, source="api", producer=producer))
+        assert prefs is not None
+        # the opt-outs it makes are recorded where the update is applied (agents/users.py)
+        return web.Response(body=read_model_value(prefs), status=202, content_type="application/json")
+
+
+#: what a preferences message says about itself, never part of the read model
+_MESSAGE_FIELDS = ("source", "producer", "merge")
+
+
+def read_model_value(prefs: Prefs) -> bytes:
+    """The read model's JSON of ``prefs`` (what GET answers): the document, without
+    what the message says about where it comes from."""
+    return orjson.dumps({k: v for k, v in prefs.asdict().items() if k not in _MESSAGE_FIELDS})
+
+
+def message(prefs: Prefs, **fields) -> Prefs:
+    """``prefs`` as the update produced to notify.preferences, with ``fields``
+    (``source``, ``producer``, ``merge``) set."""
+    return Prefs(**{**prefs.asdict(), **fields})
+
+
+def _current(raw: bytes | None) -> tuple[dict | None, int]:
+    if raw is None:
+        return None, -1
+    try:
+        doc = orjson.loads(raw)
+        return (doc if isinstance(doc, dict) else None), int(doc.get("version") or 0)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return None, 0
+
+
+async def publish_preferences(api: Any, uid: str, build: Callable[[dict | None, int], Prefs | None],
+                              message_of: Callable[[Prefs | None], Prefs]) -> Prefs | None:
+    """The one way a preferences update leaves the API (the PUT, the one-click
+    unsubscribe link: routes/unsubscribe.py): ``build(current read-model document
+    or None, its version or -1)`` gives the new document (None: the read model
+    stays as it is), set in the read model by compare-and-set on its exact value
+    (retried on a race); then ``message_of(new document)`` is produced to
+    notify.preferences (keyed by user); if that fails the read model is put back.
+    Returns the new document."""
+    client, writer = api.client, api.writer
+    assert writer is not None
+    key = f"{api.ns}:api:prefs"
+    for _ in range(8):
+        cur = await client.hget(key, uid)
+        prefs = build(*_current(cur))
+        if prefs is None:
+            value = None
+            break
+        value = read_model_value(prefs)
+        if int(await client.eval(_PREFS_CAS, 1, key, uid, cur or b"", value)):
+            break
+    else:
+        raise api_error(409, "conflict", "concurrent updates of these preferences; retry")
+    try:
+        await writer.send([(T.PREFERENCES, uid.encode(), message_of(prefs).dumps(), [])])
+    except BaseException:
+        if value is not None:  # put the read model back (only if nobody changed it since)
+            try:
+                await client.eval(_PREFS_CAS, 1, key, uid, value, cur or b"")
+            except Exception:  # noqa: BLE001
+                log.warning("could not restore the preferences read model of %s", uid, exc_info=True)
+        raise
+    return prefs
