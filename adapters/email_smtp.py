@@ -1,9 +1,10 @@
 """E-mail over SMTP submission (RFC 6409) with aiosmtplib.
 
-One connection per message: connect (implicit TLS with ``use_tls``, STARTTLS
-with ``start_tls=True``, or opportunistic STARTTLS when ``None``), optional
-AUTH, then MAIL / RCPT / DATA step by step, so we know how far the dialogue got
-when it breaks:
+Sessions are pooled per provider (:mod:`adapters._smtp_pool`): a session is
+opened once (connect with implicit TLS with ``use_tls``, STARTTLS with
+``start_tls=True``, or opportunistic STARTTLS when ``None``; EHLO; optional
+AUTH) and then carries many messages, each one MAIL / RCPT / DATA step by step,
+so we know how far the dialogue got when it breaks:
 
 * connect / EHLO / AUTH / MAIL / RCPT fail or time out → nothing was submitted:
   TRANSIENT_ERROR (AUTH failure is ours, not the recipient's: ``auth: …``);
@@ -12,12 +13,38 @@ when it breaks:
   the message → TIMEOUT_UNKNOWN;
 * 5xx answer to DATA → PERMANENT_ERROR ``rejected``; 4xx → TRANSIENT_ERROR.
 
-The message is ``multipart/alternative`` (text + html) built with
-:class:`email.message.EmailMessage`. ``Message-ID`` is derived from the
-delivery id (``<delivery_id@msgid_domain>``) and ``X-Notify-Id`` carries it
-too, so a resend after TIMEOUT_UNKNOWN carries the same Message-ID (mail
-stores and many MTAs drop duplicates by it) and bounces (DSNs quote it) can be
-matched back to the delivery.
+The pool (``max_connections``, a provider's ``pool``; default 10) keeps at most
+that many sessions per provider; a send takes an idle session, or opens one
+when none is idle and fewer are open, or waits its turn (first come, first
+served; at most ``timeout`` seconds, then TRANSIENT_ERROR ``pool: …``, nothing
+sent). After the message the session goes back to the pool:
+
+* a transaction that ended with a 4xx/5xx reply leaves the session usable:
+  the next message on it starts with RSET;
+* any other error (a timeout, a dropped connection, a reply we could not read)
+  closes the session: it is never reused;
+* a session idle for ``keepalive_s`` (30 s) or that has carried
+  ``max_messages`` (100) is quit (QUIT, then close); :meth:`SmtpProvider.close`
+  quits them all;
+* a reused session that the server closed while it was idle fails at RSET or
+  MAIL (a dropped connection or a 421 reply), before anything of the message
+  was sent: the send tries once more on a fresh session, in the same slot.
+
+The message is ``multipart/alternative`` (text + html; ``text/plain`` alone
+without html), built here as bytes (:func:`build_mime`, not with
+:class:`email.message.EmailMessage`, whose header parsing was most of the
+adapter's CPU): headers RFC 5322 / 2047 (non-ASCII or unusual subjects and
+display names as UTF-8 base64 encoded-words, lines folded at 78), bodies in
+UTF-8 as 7bit when ASCII with lines ≤ 998 octets, else quoted-printable or
+base64 (whichever is shorter, roughly), CRLF line ends; aiosmtplib dot-stuffs
+DATA. ``Message-ID`` is derived from the delivery id
+(``<delivery_id@msgid_domain>``) and ``X-Notify-Id`` carries it too, so a
+resend after TIMEOUT_UNKNOWN carries the same Message-ID (mail stores and many
+MTAs drop duplicates by it) and bounces (DSNs quote it) can be matched back to
+the delivery. A line break in a header value (subject, display name, address),
+a control character in the display name or a delivery id that is not a
+dot-atom (it would make a Message-ID readers cut short) is refused before any
+call: PERMANENT_ERROR ``invalid_request``.
 
 The client greets with ``EHLO <local_hostname>``, by default the Message-ID
 domain (never the machine's ``localhost``, which receiving MTAs may refuse as
@@ -33,20 +60,26 @@ the caller resends under the same Message-ID or sends the delivery to REVIEW.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import email.utils
+import os
+import re
 import ssl
 import time
 from dataclasses import dataclass
-from email.message import EmailMessage
+from datetime import datetime, timezone
 from typing import Callable, Optional
 
 import aiosmtplib
 
 from pipeline.models import AttemptResult, Delivery
 
+from ._smtp_pool import PooledSession, SmtpPool
 from .base import PermanentKind, Provider, SendResult, Stopwatch, email_bodies
 
-__all__ = ["SmtpConfig", "SmtpProvider", "message_id_for"]
+__all__ = ["SmtpConfig", "SmtpProvider", "build_mime", "message_id_for"]
 
 
 @dataclass
@@ -68,6 +101,13 @@ class SmtpConfig:
     local_hostname: Optional[str] = None
     #: categories sent without ``Auto-Submitted: auto-generated`` (bulk, not transactional)
     bulk_categories: tuple[str, ...] = ("marketing",)
+    #: sessions (connections) kept per provider (``pool`` in a provider's table, as
+    #: for the HTTP adapters: adapters/registry.py maps it)
+    max_connections: int = 10
+    #: a session idle this long is quit (servers drop idle clients after 60-300 s)
+    keepalive_s: float = 30.0
+    #: a session is quit after this many messages (relays cap messages per connection)
+    max_messages: int = 100
     name: str = "smtp"
 
     @property
@@ -79,6 +119,223 @@ def message_id_for(delivery_id: str, domain: str) -> str:
     return f"<{delivery_id}@{domain}>"
 
 
+# ---------------------------------------------------------------- MIME
+
+#: what ``str.splitlines`` breaks on: none of it may be in a header value (header injection)
+_LINE_BREAK_RE = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+#: control characters but the tab (C0, DEL, C1)
+_CONTROL_RE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+#: a header value that goes out as it is: printable ASCII words, one space between them
+_PLAIN_RE = re.compile(r"[!-~]+(?: [!-~]+)*")
+_ATEXT = r"[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+"
+#: a display name that goes in a quoted-string: printable ASCII, spaces and tabs (kept as
+#: they are by readers, where the text of an encoded-word in a phrase has its runs of
+#: whitespace collapsed by CPython's parser)
+_QUOTABLE_RE = re.compile(r"[\t -~]+")
+#: a display name of atoms only (no quotes needed)
+_ATOMS_RE = re.compile(f"{_ATEXT}(?: {_ATEXT})*")
+#: a local part that needs no quotes
+_DOT_ATOM_RE = re.compile(f"{_ATEXT}(?:\\.{_ATEXT})*")
+#: the id left of the @ in a Message-ID: a dot-atom (RFC 5322 ``id-left``), as the
+#: delivery ids made by pipeline/ids.py are (``n_<hex>.<channel>[.<hex>]``)
+_ID_RE = _DOT_ATOM_RE
+#: an address that aiosmtplib's ``quote_address`` leaves as it is (a dot-atom local part,
+#: a host name): MAIL / RCPT go out without its per-command ``parseaddr``
+_SIMPLE_ADDR_RE = re.compile(f"{_ATEXT}(?:\\.{_ATEXT})*@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+#: a line longer than SMTP's 998 octets (the body must then be encoded)
+_LONG_LINE_RE = re.compile(rb"[^\n]{999}")
+#: header lines are folded at 78 characters (RFC 5322 §2.1.1)
+_WIDTH = 78
+#: UTF-8 octets per encoded-word: 56 base64 characters, 68 with ``=?utf-8?b?…?=``
+_WORD_OCTETS = 42
+#: in a display name, as many as one encoded-word holds (72 characters, RFC 2047's
+#: limit is 75): CPython's parser keeps the space between two encoded-words of a
+#: phrase (RFC 2047 §6.2 drops it), so a name that fits one word reads the same everywhere
+_NAME_OCTETS = 45
+
+
+def _check_header(what: str, value: str) -> None:
+    if _LINE_BREAK_RE.search(value):
+        raise ValueError(f"{what}: header values may not contain line breaks")
+
+
+def _encoded_words(value: str, octets: int = _WORD_OCTETS) -> list[str]:
+    """``value`` as RFC 2047 ``B`` encoded-words in UTF-8, each of at most
+    ``octets`` octets (68 characters with 42) and each a whole number of
+    characters (never a split UTF-8 sequence), to be joined by folding
+    whitespace (which decoders drop between encoded-words)."""
+    data = value.encode("utf-8")
+    words = []
+    i, n = 0, len(data)
+    while i < n:
+        j = min(i + octets, n)
+        while j < n and (data[j] & 0xC0) == 0x80:  # a continuation octet: end before its character
+            j -= 1
+        words.append("=?utf-8?b?" + binascii.b2a_base64(data[i:j], newline=False).decode("ascii") + "?=")
+        i = j
+    return words
+
+
+def _fold(prefix: str, value: str) -> Optional[str]:
+    """``prefix + value`` folded before spaces into lines of at most 78; None when
+    a word is too long for a line (the caller encodes instead)."""
+    if len(prefix) + len(value) <= _WIDTH:
+        return prefix + value + "\r\n"
+    out = [prefix]
+    width = len(prefix)
+    for k, word in enumerate(value.split(" ")):
+        if k == 0:
+            out.append(word)
+            width += len(word)
+        elif width + 1 + len(word) <= _WIDTH:
+            out.append(" " + word)
+            width += 1 + len(word)
+        else:
+            out.append("\r\n " + word)  # unfolding removes the CRLF, the space stays
+            width = 1 + len(word)
+        if width > _WIDTH:
+            return None
+    out.append("\r\n")
+    return "".join(out)
+
+
+def unstructured_header(name: str, value: str) -> str:
+    """``Name: value`` CRLF for an unstructured header (Subject, X-…): as it is when
+    it is printable ASCII with single spaces (folded), else encoded-words, so
+    that a reader decodes exactly ``value`` (leading, trailing or repeated
+    whitespace, control characters and text that looks like an encoded-word
+    included)."""
+    _check_header(name, value)
+    if not value:
+        return name + ":\r\n"
+    if "=?" not in value and _PLAIN_RE.fullmatch(value):
+        folded = _fold(name + ": ", value)
+        if folded is not None:
+            return folded
+    return name + ": " + "\r\n ".join(_encoded_words(value)) + "\r\n"
+
+
+def from_header(addr: str, display_name: Optional[str]) -> str:
+    """``From:`` with the optional display name: atoms as they are, other
+    printable ASCII quoted, anything else as encoded-words. Built once per
+    provider."""
+    _check_header("from_addr", addr)
+    if not addr.isascii():
+        raise ValueError("from_addr: not ASCII (SMTPUTF8 is not supported)")
+    if not display_name:
+        return f"From: {addr}\r\n"
+    _check_header("from_name", display_name)
+    if _CONTROL_RE.search(display_name):  # readers flag them in a phrase, even encoded
+        raise ValueError("from_name: control characters")
+    mailbox = f"<{addr}>"
+    if "=?" not in display_name and _QUOTABLE_RE.fullmatch(display_name):
+        if _ATOMS_RE.fullmatch(display_name):
+            phrase = display_name
+        else:
+            phrase = '"' + display_name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        line = f"From: {phrase} {mailbox}"
+        if len(line) <= _WIDTH:
+            return line + "\r\n"
+        if 6 + len(phrase) <= _WIDTH:
+            return f"From: {phrase}\r\n {mailbox}\r\n"
+    words = _encoded_words(display_name, _NAME_OCTETS)
+    last = len(words[-1]) + (6 if len(words) == 1 else 1)
+    sep = " " if last + 1 + len(mailbox) <= _WIDTH else "\r\n "
+    return "From: " + "\r\n ".join(words) + sep + mailbox + "\r\n"
+
+
+def to_header(address: str) -> str:
+    """``To:`` with the recipient's address; a local part that is not a dot-atom is
+    quoted (``"a,b"@example.org``)."""
+    _check_header("address", address)
+    local, _, domain = address.rpartition("@")
+    if local and address.isascii() and not _DOT_ATOM_RE.fullmatch(local) \
+            and not (len(local) > 1 and local[0] == local[-1] == '"'):
+        local = '"' + local.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f"To: {local}@{domain}\r\n"
+
+
+def _body(text: str) -> tuple[bytes, bytes]:
+    """``(Content-Transfer-Encoding, body)``: the text in UTF-8 with CRLF line ends
+    (CRLF, CR and LF all become CRLF, and it ends with one, as the standard
+    library's ``set_content`` does): 7bit when it is ASCII without NUL and no
+    line is longer than 998 octets, else quoted-printable (lines of at most 76),
+    or base64 when about a sixth or more of its octets are non-ASCII (CJK,
+    Cyrillic: base64 is the shorter then)."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.endswith("\n"):
+        text += "\n"
+    data = text.encode("utf-8")
+    extra = len(data) - len(text)  # octets beyond one per character: 0 for ASCII
+    if extra == 0 and "\x00" not in text and not _LONG_LINE_RE.search(data):
+        return b"7bit", data.replace(b"\n", b"\r\n")
+    if extra * 12 < len(data):
+        return b"quoted-printable", binascii.b2a_qp(data, istext=True).replace(b"\n", b"\r\n")
+    return b"base64", base64.encodebytes(data).replace(b"\n", b"\r\n")
+
+
+_TEXT_PART = b'Content-Type: text/plain; charset="utf-8"\r\nContent-Transfer-Encoding: '
+_HTML_PART = b'Content-Type: text/html; charset="utf-8"\r\nContent-Transfer-Encoding: '
+
+
+def build_mime(head: str, text: str, html: Optional[str]) -> bytes:
+    """The message: ``head`` (header lines, each ending in CRLF), MIME-Version,
+    and ``text`` alone (``text/plain``) or ``text`` and ``html`` as
+    ``multipart/alternative``."""
+    cte, body = _body(text)
+    if not html:
+        return b"".join((head.encode("utf-8"), b"MIME-Version: 1.0\r\n", _TEXT_PART, cte, b"\r\n\r\n", body))
+    hcte, hbody = _body(html)
+    while True:  # a random boundary; a 7bit body could hold it (encoded ones cannot)
+        boundary = b"=_" + os.urandom(12).hex().encode("ascii")
+        if boundary not in body and boundary not in hbody:
+            break
+    delim = b"\r\n--" + boundary + b"\r\n"  # the CRLF before "--" belongs to the delimiter
+    return b"".join((
+        head.encode("utf-8"),
+        b'MIME-Version: 1.0\r\nContent-Type: multipart/alternative;\r\n boundary="', boundary, b'"\r\n',
+        delim, _TEXT_PART, cte, b"\r\n\r\n", body,
+        delim, _HTML_PART, hcte, b"\r\n\r\n", hbody,
+        b"\r\n--", boundary, b"--\r\n",
+    ))
+
+
+# ---------------------------------------------------------------- the provider
+
+
+async def _mail(smtp: aiosmtplib.SMTP, sender: str) -> None:
+    """MAIL FROM, as ``smtp.mail`` sends it; straight through ``execute_command``
+    when the session has greeted and the address is plain (see ``_SIMPLE_ADDR_RE``)."""
+    if smtp.is_ehlo_or_helo_needed or not _SIMPLE_ADDR_RE.fullmatch(sender):
+        await smtp.mail(sender)
+        return
+    response = await smtp.execute_command(b"MAIL", b"FROM:<" + sender.encode("ascii") + b">")
+    if response.code != 250:
+        raise aiosmtplib.SMTPSenderRefused(response.code, response.message, sender)
+
+
+async def _rcpt(smtp: aiosmtplib.SMTP, recipient: str) -> None:
+    """RCPT TO, as ``smtp.rcpt`` sends it (the same fast path as :func:`_mail`)."""
+    if smtp.is_ehlo_or_helo_needed or not _SIMPLE_ADDR_RE.fullmatch(recipient):
+        await smtp.rcpt(recipient)
+        return
+    response = await smtp.execute_command(b"RCPT", b"TO:<" + recipient.encode("ascii") + b">")
+    if response.code not in (250, 251):
+        raise aiosmtplib.SMTPRecipientRefused(response.code, response.message, recipient)
+
+
+def _stale(session: Optional[PooledSession], stage: str, exc: BaseException) -> bool:
+    """A reused session that the server closed while it was idle: it fails at RSET
+    or MAIL with a dropped connection or a 421 reply, before anything of this
+    message was sent, so a fresh session may take it."""
+    if session is None or not session.reused or stage not in ("rset", "mail"):
+        return False
+    if isinstance(exc, (aiosmtplib.SMTPServerDisconnected, ConnectionError)):
+        return True
+    return isinstance(exc, aiosmtplib.SMTPResponseException) and (exc.code == 421 or stage == "rset")
+
+
 class SmtpProvider(Provider):
     channel = "email"
 
@@ -86,26 +343,42 @@ class SmtpProvider(Provider):
         self.config = config
         self.name = config.name
         self._clock = clock
+        self._pool: Optional[SmtpPool] = None
+        self._from: Optional[str] = None  #: the From line, built once
+        self._date: tuple[int, str] = (-1, "")  #: (second, its Date line)
 
-    def build_message(self, delivery: Delivery) -> EmailMessage:
+    # ------------------------------------------------------------ the message
+
+    def build_message(self, delivery: Delivery) -> bytes:
+        """The message as sent (CRLF line ends, before dot-stuffing). ValueError or
+        TypeError: it cannot be sent (a line break in a header, …)."""
         c = delivery.content or {}
-        msg = EmailMessage()
         cfg = self.config
-        msg["From"] = email.utils.formataddr((cfg.from_name, cfg.from_addr)) if cfg.from_name else cfg.from_addr
-        msg["To"] = delivery.address
-        msg["Subject"] = str(c.get("subject") or "")
-        msg["Date"] = email.utils.formatdate(self._clock(), localtime=False, usegmt=True)
-        msg["Message-ID"] = message_id_for(delivery.delivery_id, cfg.msgid_domain)
-        msg["X-Notify-Id"] = delivery.delivery_id
+        if self._from is None:
+            self._from = from_header(cfg.from_addr, cfg.from_name)
+        did = delivery.delivery_id
+        if not _ID_RE.fullmatch(did):
+            raise ValueError(f"delivery_id {did!r}: not usable in a Message-ID")
+        now = int(self._clock())
+        if now != self._date[0]:
+            # "+0000", as the standard library renders it ("GMT" is an obsolete zone, RFC 5322 §4.3)
+            when = email.utils.format_datetime(datetime.fromtimestamp(now, timezone.utc))
+            self._date = (now, f"Date: {when}\r\n")
+        head = [
+            self._from,
+            to_header(delivery.address),
+            unstructured_header("Subject", str(c.get("subject") or "")),
+            self._date[1],
+            f"Message-ID: {message_id_for(did, cfg.msgid_domain)}\r\nX-Notify-Id: {did}\r\n",
+        ]
         if delivery.category:
-            msg["X-Notify-Category"] = delivery.category
+            head.append(unstructured_header("X-Notify-Category", delivery.category))
         if delivery.category not in cfg.bulk_categories:
-            msg["Auto-Submitted"] = "auto-generated"
+            head.append("Auto-Submitted: auto-generated\r\n")
         text, html = email_bodies(c)
-        msg.set_content(str(text or ""))
-        if html:
-            msg.add_alternative(str(html), subtype="html")
-        return msg
+        return build_mime("".join(head), str(text or ""), str(html) if html else None)
+
+    # ------------------------------------------------------------ sessions
 
     def _client(self) -> aiosmtplib.SMTP:
         cfg = self.config
@@ -121,37 +394,90 @@ class SmtpProvider(Provider):
             local_hostname=cfg.ehlo_name,
         )
 
+    def _pool_here(self) -> SmtpPool:
+        """The pool of the running loop (made on the first send; sessions are bound
+        to the loop they were opened on, so a provider used from another loop
+        starts a pool of its own there)."""
+        pool = self._pool
+        if pool is None or pool.loop is not asyncio.get_running_loop():
+            cfg = self.config
+            pool = self._pool = SmtpPool(size=cfg.max_connections, idle_s=cfg.keepalive_s,
+                                         max_messages=cfg.max_messages, quit_timeout=min(5.0, cfg.timeout))
+        return pool
+
+    @property
+    def pool(self) -> Optional[SmtpPool]:
+        """The session pool (None before the first send): counters for tests and stats."""
+        return self._pool
+
+    async def close(self) -> None:
+        """Quit the pooled sessions."""
+        pool, self._pool = self._pool, None
+        if pool is not None and pool.loop is asyncio.get_running_loop():
+            await pool.close()
+
+    # ------------------------------------------------------------ sending
+
     async def send(self, delivery: Delivery) -> SendResult:
         sw = Stopwatch()
         name = self.name
+        cfg = self.config
         if "@" not in delivery.address:
             return SendResult(
                 AttemptResult.PERMANENT_ERROR, name, error="no e-mail address", permanent_kind=PermanentKind.INVALID_ADDRESS
             )
         try:
-            msg = self.build_message(delivery)
+            raw = self.build_message(delivery)
         except (ValueError, TypeError) as exc:  # e.g. a line break in a header: no injection, no call
             return SendResult(AttemptResult.PERMANENT_ERROR, name, error=f"bad message: {exc}"[:300],
                               permanent_kind=PermanentKind.INVALID_REQUEST, latency_ms=sw.ms)
-        msg_id = msg["Message-ID"]
-        smtp = self._client()
-        stage = "connect"
+        msg_id = message_id_for(delivery.delivery_id, cfg.msgid_domain)
+        pool = self._pool_here()
+        session: Optional[PooledSession] = None
+        held = False  # we hold a slot of the pool: give it back
+        reusable = False  # the session ended in a known state: keep it
+        stage = "pool"
         try:
-            await smtp.connect()
-            if self.config.username:
-                stage = "auth"
-                await smtp.login(self.config.username, self.config.password or "")
-            stage = "mail"
-            await smtp.mail(self.config.from_addr)
+            session = await pool.take(cfg.timeout)
+            held = True
+            while True:
+                try:
+                    if session is None:
+                        stage = "connect"
+                        session = pool.opened_session(self._client())
+                        await session.smtp.connect()
+                        if cfg.username:
+                            stage = "auth"
+                            await session.smtp.login(cfg.username, cfg.password or "")
+                    elif session.needs_rset:
+                        stage = "rset"
+                        await session.smtp.rset()
+                        session.needs_rset = False
+                    stage = "mail"
+                    await _mail(session.smtp, cfg.from_addr)
+                    break
+                except (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPResponseException, ConnectionError) as exc:
+                    if not _stale(session, stage, exc):
+                        raise
+                    pool.drop(session)  # the slot stays ours: one more try on a fresh session
+                    session = None
             stage = "rcpt"
-            await smtp.rcpt(delivery.address)
+            await _rcpt(session.smtp, delivery.address)
             stage = "data"
-            await smtp.data(msg.as_bytes())
+            await session.smtp.data(raw)
             stage = "done"
+            session.messages += 1
+            reusable = True
         except aiosmtplib.SMTPAuthenticationError as exc:
             return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"auth: {exc.code} {exc.message}"[:300], latency_ms=sw.ms)
         except aiosmtplib.SMTPResponseException as exc:
             err = f"{stage}: {exc.code} {exc.message}"[:300]
+            if stage in ("mail", "rcpt", "data") and 400 <= exc.code < 600 \
+                    and not session.smtp.is_ehlo_or_helo_needed:  # type: ignore[union-attr]
+                # a clean refusal in a session that has greeted: it is fine, its
+                # transaction is reset before the next message
+                session.needs_rset = True  # type: ignore[union-attr]
+                reusable = True
             if 500 <= exc.code < 600 and stage == "rcpt":
                 return SendResult(
                     AttemptResult.PERMANENT_ERROR, name, error=err, permanent_kind=PermanentKind.INVALID_ADDRESS, latency_ms=sw.ms
@@ -173,15 +499,12 @@ class SmtpProvider(Provider):
                     latency_ms=sw.ms,
                 )
             return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"{stage}: {kind}: {exc}"[:300], latency_ms=sw.ms)
-        except Exception as exc:  # noqa: BLE001 - OSError, TLS errors, SMTPNotSupported, …
+        except Exception as exc:  # noqa: BLE001 - OSError, TLS errors, SMTPNotSupported, the pool closed, …
             result = AttemptResult.TIMEOUT_UNKNOWN if stage == "data" else AttemptResult.TRANSIENT_ERROR
             return SendResult(result, name, error=f"{stage}: {type(exc).__name__}: {exc}"[:300], latency_ms=sw.ms)
         finally:
-            if stage != "done":
-                smtp.close()  # a broken dialogue: no QUIT, it could wait out another timeout
-        latency_ms = sw.ms
-        try:
-            await smtp.quit(timeout=min(5.0, self.config.timeout))
-        except Exception:  # noqa: BLE001 - the message is queued; QUIT is a courtesy
-            smtp.close()
-        return SendResult(AttemptResult.ACCEPTED, name, provider_msg_id=msg_id, latency_ms=latency_ms)
+            if held:
+                # a broken dialogue (or a cancelled send) closes the session without QUIT,
+                # which could wait out another timeout
+                pool.give_back(session, reusable=reusable)
+        return SendResult(AttemptResult.ACCEPTED, name, provider_msg_id=msg_id, latency_ms=sw.ms)

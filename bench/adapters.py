@@ -4,7 +4,7 @@ each adapter against its simulator running in a process of its own (as
 ship and, for the HTTP/1.1 adapters, on httpx's own transport (the baseline of
 the same run, for the ratio).
 
-    .venv/bin/python bench/adapters.py [--calls 1000] [--markdown] [--providers sendgrid,ses,sns]
+    .venv/bin/python bench/adapters.py [--calls 1000] [--markdown] [--providers sendgrid,ses,sns] [--smtp-sink]
 
 The simulators run with the clean profile (no random latency or failures), so
 what is measured is the client's own cost; the simulator process has a core of
@@ -12,6 +12,12 @@ its own only if the machine has one to spare (2 cores here: it competes with
 the client, which lowers calls/s, not CPU per call). SendGrid, SES and SNS run
 against ``python -m adapters.simulators.cloud``, a process of its own too; the SES
 and SNS calls include botocore's SigV4 signing.
+
+``--smtp-sink`` adds rows for SMTP against a sink in a process of its own (this
+file with ``--serve-smtp-sink``): an SMTP server that answers every command and
+keeps nothing, so the messages/s is the client's, not the simulator's (which
+parses each message with the standard library's e-mail parser, as a test
+judge, and saturates its core first).
 """
 
 from __future__ import annotations
@@ -102,6 +108,61 @@ async def measure(provider: str, info: dict, calls: int, conc: int, tag: str) ->
                 await close()
 
 
+class SmtpSink(asyncio.Protocol):
+    """The least an SMTP server does: a greeting, EHLO, 250 to MAIL / RCPT / RSET /
+    NOOP, DATA read up to the lone dot, 221 to QUIT; nothing parsed or kept."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buf = b""
+        self.in_data = False
+        transport.write(b"220 sink.bench.invalid ESMTP\r\n")  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        write = self.transport.write  # type: ignore[attr-defined]
+        while True:
+            if self.in_data:
+                end = self.buf.find(b"\r\n.\r\n")
+                if end < 0:
+                    return
+                self.buf = self.buf[end + 5:]
+                self.in_data = False
+                write(b"250 2.0.0 Ok: queued\r\n")
+                continue
+            end = self.buf.find(b"\r\n")
+            if end < 0:
+                return
+            verb, self.buf = self.buf[:4].upper(), self.buf[end + 2:]
+            if verb == b"EHLO":
+                write(b"250-sink.bench.invalid\r\n250-PIPELINING\r\n250 8BITMIME\r\n")
+            elif verb == b"DATA":
+                self.in_data = True
+                write(b"354 End data with <CR><LF>.<CR><LF>\r\n")
+            elif verb == b"QUIT":
+                write(b"221 Bye\r\n")
+                self.transport.close()
+                return
+            else:
+                write(b"250 Ok\r\n")
+
+
+async def serve_smtp_sink(info_path: str) -> None:
+    server = await asyncio.get_running_loop().create_server(SmtpSink, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    tmp = info_path + ".tmp"
+    Path(tmp).write_text(str(port))
+    os.replace(tmp, info_path)
+    await asyncio.Event().wait()
+
+
+def wait_for_file(path: str, proc: subprocess.Popen, deadline: float, what: str) -> None:
+    while not os.path.exists(path):
+        if time.time() > deadline or proc.poll() is not None:
+            raise SystemExit(f"{what} did not start")
+        time.sleep(0.05)
+
+
 def native_transport() -> None:
     """The baseline: HTTP/1.1 adapters on httpx's own transport (httpcore)."""
     _http.AiohttpTransport = lambda max_connections, verify: httpx.AsyncHTTPTransport(  # type: ignore[assignment]
@@ -113,7 +174,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--providers", default="", help="measure only these (comma-separated)")
+    ap.add_argument("--smtp-sink", action="store_true", help="also SMTP against a sink that keeps nothing")
+    ap.add_argument("--serve-smtp-sink", default=None, metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_smtp_sink:
+        asyncio.run(serve_smtp_sink(args.serve_smtp_sink))
+        return
     global ONLY
     ONLY = {p.strip() for p in args.providers.split(",") if p.strip()} or None
     cloud_path = os.path.join(tempfile.mkdtemp(), "cloud.json")
@@ -122,6 +188,10 @@ def main() -> None:
     info_path = os.path.join(tempfile.mkdtemp(), "sims.json")
     sims = subprocess.Popen([sys.executable, "-m", "adapters.simulators", "--clean", "--info", info_path],
                             cwd=str(ROOT), stdout=subprocess.DEVNULL)
+    sink = sink_path = None
+    if args.smtp_sink:
+        sink_path = os.path.join(tempfile.mkdtemp(), "sink.port")
+        sink = subprocess.Popen([sys.executable, __file__, "--serve-smtp-sink", sink_path], cwd=str(ROOT))
     try:
         deadline = time.time() + 30
         while not os.path.exists(info_path):
@@ -135,6 +205,11 @@ def main() -> None:
             time.sleep(0.05)
         info["cloud"] = orjson.loads(Path(cloud_path).read_bytes())
         rows = []
+        if sink is not None:
+            wait_for_file(sink_path, sink, deadline, "the SMTP sink")
+            sink_info = {**info, "smtp": {"host": "127.0.0.1", "port": int(Path(sink_path).read_text())}}
+            for conc in (1, 50):
+                rows.append(("sink", asyncio.run(measure("smtp", sink_info, args.calls, conc, f"k{conc}"))))
         for provider in CLOUD:
             for conc in (1, 50):
                 rows.append(("shipped", asyncio.run(measure(provider, info, args.calls, conc, f"s{conc}"))))
@@ -146,7 +221,7 @@ def main() -> None:
             for conc in (1, 50):
                 rows.append(("httpx native", asyncio.run(measure(provider, info, args.calls, conc, f"h{conc}"))))
     finally:
-        stop_all([sims, cloud], 10)
+        stop_all([sims, cloud, sink], 10)
     rows = [(t, r) for t, r in rows if r is not None]
     base = {(r["provider"], r["conc"]): r for t, r in rows if t == "httpx native"}
     print("| adapter | transport | concurrency | calls/s | client CPU µs/call | vs httpx native | results |")
@@ -155,7 +230,7 @@ def main() -> None:
         b = base.get((r["provider"], r["conc"]))
         ratio = f"{b['cpu_us'] / r['cpu_us']:.1f}x less CPU" if b and t == "shipped" else ""
         transport = ("aiohttp" if r["provider"] in HTTP1 + CLOUD else "httpx h2" if r["provider"] in ("apns", "fcm")
-                     else "aiosmtplib") if t == "shipped" else "httpx (httpcore)"
+                     else "aiosmtplib") if t == "shipped" else "aiosmtplib → sink" if t == "sink" else "httpx (httpcore)"
         print(f"| {r['provider']} | {transport} | {r['conc']} | {r['calls_s']:,.0f} | {r['cpu_us']:,.0f} | {ratio} | "
               f"{', '.join(f'{k} {v}' for k, v in sorted(r['results'].items()))} |")
 
