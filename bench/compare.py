@@ -1,8 +1,9 @@
-"""Benchmark (not a test): the pipeline end to end and the Celery peer in the same
+"""Benchmark (not a test): the pipeline end to end, the Celery peer and the
+ceiling (bench/ceiling.py: the same hops by hand on raw Redis Streams) in the same
 run, one after the other on the same machine; writes the "e2e" section of
 bench/RESULTS.md.
 
-    python bench/compare.py [--events 20000] [--notifications 50000] [--profile]
+    python bench/compare.py [--events 20000] [--notifications 50000] [--profile] [--no-ceiling]
 
 ``--profile`` runs the pipeline a second time with py-spy attached to worker 0 for
 10 s and timing probes around the awaits that can stall a worker (the headline
@@ -21,11 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import celery_peer, e2e  # noqa: E402
+from bench import ceiling, celery_peer, e2e  # noqa: E402
 from bench.results import write_section  # noqa: E402
 
 TARGET_RATE = 10_000  # notifications/s end to end, AOF everysec, 2 cores
 TARGET_RATIO = 5.0  # x the Celery peer
+TARGET_CEILING = 0.6  # x the ceiling (issue 19 item 4)
 CORES = os.cpu_count() or 1
 
 
@@ -38,25 +40,32 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--notifications", type=int, default=50_000)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the ceiling run (bench/ceiling.py)")
     ap.add_argument("--section", default="e2e", help="section of bench/RESULTS.md to write (e.g. e2e-full for"
                     " the issue's 1,000,000-notification size, --events 390000, kept next to the default run)")
     args = ap.parse_args()
     command = "python bench/compare.py" + (f" --events {args.events}" if args.events != 20_000 else "") + (
         f" --notifications {args.notifications}" if args.notifications != 50_000 else "") + (
-        " --profile" if args.profile else "") + (f" --section {args.section}" if args.section != "e2e" else "")
+        " --profile" if args.profile else "") + (" --no-ceiling" if args.no_ceiling else "") + (
+        f" --section {args.section}" if args.section != "e2e" else "")
     timeout = max(900.0, args.events / 50)  # the measured window, at 50 events/s at worst
 
     a = e2e.run(args.events, timeout=timeout)
     print(f"pipeline: {a.rate:,.0f} notifications/s", flush=True)
     b = celery_peer.run(args.notifications)
     print(f"celery peer: {b.rate:,.0f} notifications/s", flush=True)
+    c = None if args.no_ceiling else ceiling.run(args.events, timeout=timeout)
+    if c is not None:
+        print(f"ceiling: {c.rate:,.0f} notifications/s", flush=True)
     prof = e2e.run(args.events, profile=True, diagnose=True, timeout=timeout) if args.profile else None
 
     ratio = a.rate / b.rate
     total_cpu_a = sum(a.cpu.values())
     total_cpu_b = sum(b.cpu.values())
+    total_cpu_c = sum(c.cpu.values()) if c is not None else 0.0
+    others = [(a, "the notify-stream"), (b, "the peer's")] + ([(c, "the ceiling's")] if c is not None else [])
     lines = [
-        f"Machine: {os.cpu_count()} cores. Both on the embedded valkey-server (AOF everysec), fake providers "
+        f"Machine: {os.cpu_count()} cores. {'All three' if c is not None else 'Both'} on the embedded valkey-server (AOF everysec), fake providers "
         "at zero latency, SQLite records; each run starts its own server and database.",
         "",
         "| system | notifications | seconds | notifications/s | CPU s (all components) | notifications per CPU s |",
@@ -65,9 +74,16 @@ def main() -> None:
         f"| {total_cpu_a:.1f} | {a.notifications / total_cpu_a:,.0f} |",
         f"| peer: Celery {b.celery} prefork --concurrency 2, task per notification | {b.notifications:,} "
         f"| {b.seconds:.1f} | **{b.rate:,.0f}** | {total_cpu_b:.1f} | {b.notifications / total_cpu_b:,.0f} |",
+        *([f"| ceiling: the same hops by hand on raw Redis Streams, {c.planners + c.senders + 1} processes "
+           f"| {c.notifications:,} | {c.seconds:.1f} | **{c.rate:,.0f}** | {total_cpu_c:.1f} "
+           f"| {c.notifications / total_cpu_c:,.0f} |"] if c is not None else []),
         "",
         f"**Ratio notify-stream / peer: {ratio:.2f}x** (target ≥ {TARGET_RATIO:.0f}x: "
         + ("met" if ratio >= TARGET_RATIO else f"MISSED by {TARGET_RATIO / ratio:.1f}x") + ").  ",
+        *([f"**Ratio notify-stream / ceiling: {a.rate / c.rate:.2f}** (target ≥ {TARGET_CEILING}: "
+           + ("met" if a.rate / c.rate >= TARGET_CEILING else f"MISSED by {TARGET_CEILING / (a.rate / c.rate):.1f}x")
+           + f"); per CPU second {(a.notifications / total_cpu_a) / (c.notifications / total_cpu_c):.2f}.  "]
+          if c is not None else []),
         f"**End to end: {a.rate:,.0f} notifications/s** (target ≥ {TARGET_RATE:,} on 2 cores with AOF everysec: "
         + ("met" if a.rate >= TARGET_RATE else f"MISSED by {TARGET_RATE - a.rate:,.0f}/s, "
            f"{TARGET_RATE / a.rate:.1f}x short") + ").",
@@ -76,11 +92,12 @@ def main() -> None:
         "",
         *[f"- notify-stream {row}" for row in _cpu_rows(a.cpu, a.seconds)],
         *[f"- peer {row}" for row in _cpu_rows(b.cpu, b.seconds)],
-        f"- other processes on the machine (not these benchmarks): {a.other_cpu:.1f} s during the notify-stream "
-        f"window ({100 * a.other_cpu / (a.seconds * CORES):.0f}% of the {CORES} cores), {b.other_cpu:.1f} s during "
-        f"the peer's ({100 * b.other_cpu / (b.seconds * CORES):.0f}%)"
+        *([f"- ceiling {row}" for row in _cpu_rows(c.cpu, c.seconds)] if c is not None else []),
+        "- other processes on the machine (not these benchmarks): " + ", ".join(
+            f"{x.other_cpu:.1f} s during {what} window ({100 * x.other_cpu / (x.seconds * CORES):.0f}% of the "
+            f"{CORES} cores)" for x, what in others)
         + (" — **the machine was shared: the figures are lower bounds**" if max(
-            a.other_cpu / (a.seconds * CORES), b.other_cpu / (b.seconds * CORES)) > 0.05 else ""),
+            x.other_cpu / (x.seconds * CORES) for x, _w in others) > 0.05 else ""),
         "",
         "notify-stream run: "
         f"{a.events:,} events (otp 30%, transaction 45% with 1-2 recipients, marketing 20% with 1-3 recipients "
@@ -112,6 +129,8 @@ def main() -> None:
         f"after; clock from the first task started to the last record committed. Records by state: "
         + ", ".join(f"{k} {v:,}" for k, v in b.statuses.items()) + ".",
     ]
+    if c is not None:
+        lines += ["", ceiling.describe(c)]
     if prof is not None:
         lines += [
             "",
