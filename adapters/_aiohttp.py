@@ -18,8 +18,9 @@ a safe resend and a reconciliation (``adapters/_http.py exception_result``):
   answer was malformed → ``httpx.RemoteProtocolError`` / ``ReadError`` (the
   request may have been processed: its fate is unknown).
 
-HTTP/2 (APNs, FCM) stays on httpx's own transport: one multiplexed connection,
-where its pool has nothing to scan.
+HTTP/2 does not come here: it goes over our client on ``h2``
+(:mod:`adapters._h2`), which APNs calls directly and FCM uses only with
+``http2 = true`` (by default FCM is HTTP/1.1 over this transport).
 """
 
 from __future__ import annotations

@@ -41,17 +41,20 @@ DATA. ``Message-ID`` is derived from the delivery id
 (``<delivery_id@msgid_domain>``) and ``X-Notify-Id`` carries it too, so a
 resend after TIMEOUT_UNKNOWN carries the same Message-ID (mail stores and many
 MTAs drop duplicates by it) and bounces (DSNs quote it) can be matched back to
-the delivery. A line break in a header value (subject, display name, address),
-a control character in the display name or a delivery id that is not a
-dot-atom (it would make a Message-ID readers cut short) is refused before any
-call: PERMANENT_ERROR ``invalid_request``.
+the delivery. A line break in a header value (subject, display name, address,
+unsubscribe link), a control character in the display name or a delivery id
+that is not a dot-atom (it would make a Message-ID readers cut short) is
+refused before any call: PERMANENT_ERROR ``invalid_request``.
 
 The client greets with ``EHLO <local_hostname>``, by default the Message-ID
 domain (never the machine's ``localhost``, which receiving MTAs may refuse as
 a non-FQDN HELO). Mail of every category but the bulk ones
 (``bulk_categories``: marketing) is transactional and carries
 ``Auto-Submitted: auto-generated`` (RFC 3834), so auto-responders (vacation
-replies, out-of-office) do not answer it.
+replies, out-of-office) do not answer it. A delivery whose content carries
+its one-click unsubscribe link (``unsubscribe_url``, as for SendGrid and SES)
+carries RFC 8058's ``List-Unsubscribe: <url>`` and ``List-Unsubscribe-Post:
+List-Unsubscribe=One-Click`` (:func:`list_unsubscribe_lines`).
 
 Reconciliation: SMTP has no status query. :meth:`SmtpProvider.query` answers
 ``found=False, status=NOT_FOUND, supported=False`` meaning "truly unknown":
@@ -70,16 +73,16 @@ import ssl
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import aiosmtplib
 
 from pipeline.models import AttemptResult, Delivery
 
 from ._smtp_pool import PooledSession, SmtpPool
-from .base import PermanentKind, Provider, SendResult, Stopwatch, email_bodies
+from .base import PermanentKind, Provider, SendResult, Stopwatch, email_bodies, unsubscribe_headers
 
-__all__ = ["SmtpConfig", "SmtpProvider", "build_mime", "message_id_for"]
+__all__ = ["SmtpConfig", "SmtpProvider", "build_mime", "list_unsubscribe_lines", "message_id_for"]
 
 
 @dataclass
@@ -142,6 +145,8 @@ _ID_RE = _DOT_ATOM_RE
 #: an address that aiosmtplib's ``quote_address`` leaves as it is (a dot-atom local part,
 #: a host name): MAIL / RCPT go out without its per-command ``parseaddr``
 _SIMPLE_ADDR_RE = re.compile(f"{_ATEXT}(?:\\.{_ATEXT})*@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+#: a List-Unsubscribe URL that goes in the header as it is: printable ASCII, no space, no ``<`` / ``>``
+_URL_RE = re.compile(r"[!-;=?-~]+")
 #: a line longer than SMTP's 998 octets (the body must then be encoded)
 _LONG_LINE_RE = re.compile(rb"[^\n]{999}")
 #: header lines are folded at 78 characters (RFC 5322 §2.1.1)
@@ -253,6 +258,30 @@ def to_header(address: str) -> str:
             and not (len(local) > 1 and local[0] == local[-1] == '"'):
         local = '"' + local.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return f"To: {local}@{domain}\r\n"
+
+
+def list_unsubscribe_lines(content: Mapping[str, Any]) -> str:
+    """RFC 8058's ``List-Unsubscribe: <url>`` and ``List-Unsubscribe-Post:
+    List-Unsubscribe=One-Click`` (CRLF after each) when the content carries its
+    one-click link (``unsubscribe_url``, as for SendGrid and SES:
+    :func:`adapters.base.unsubscribe_headers`), else "". A line break in the link
+    is refused (ValueError), as in every header. A link no header can carry
+    leaves both out: what SendGrid and SES leave out (not http(s), a space, ``<``
+    or ``>``) and, here, a control character or non-ASCII (the message has no
+    SMTPUTF8) or a line over SMTP's 998 octets. The URL is never folded (RFC
+    2369: no whitespace inside the angle brackets), so its line may pass 78."""
+    url = content.get("unsubscribe_url")
+    if not url:
+        return ""
+    if isinstance(url, str):
+        _check_header("unsubscribe_url", url)
+    headers = unsubscribe_headers(content)
+    if not headers:
+        return ""
+    value = headers["List-Unsubscribe"]  # "<url>"
+    if not _URL_RE.fullmatch(value, 1, len(value) - 1) or len(value) > 998 - len("List-Unsubscribe: "):
+        return ""
+    return f"List-Unsubscribe: {value}\r\nList-Unsubscribe-Post: {headers['List-Unsubscribe-Post']}\r\n"
 
 
 def _body(text: str) -> tuple[bytes, bytes]:
@@ -375,6 +404,8 @@ class SmtpProvider(Provider):
             head.append(unstructured_header("X-Notify-Category", delivery.category))
         if delivery.category not in cfg.bulk_categories:
             head.append("Auto-Submitted: auto-generated\r\n")
+        if c.get("unsubscribe_url"):
+            head.append(list_unsubscribe_lines(c))
         text, html = email_bodies(c)
         return build_mime("".join(head), str(text or ""), str(html) if html else None)
 

@@ -74,7 +74,9 @@ KINDS: Mapping[str, Mapping[str, str]] = MappingProxyType({
     "smsvendor": {**_HTTP, "sender": "str", "callback_url": "url"},
     "smtp": {"host": "str", "port": "port", "timeout": "pos", "from_addr": "str", "from_name": "str",
              "username": "str", "use_tls": "bool", "start_tls": "bool", "validate_certs": "bool",
-             "msgid_domain": "str", "local_hostname": "str", "bulk_categories": "strs"},
+             "msgid_domain": "str", "local_hostname": "str", "bulk_categories": "strs",
+             # the session pool (adapters/_smtp_pool.py): ``pool`` → SmtpConfig.max_connections
+             "pool": "int1", "keepalive_s": "pos", "max_messages": "int1"},
     "sendgrid": {**_HTTP, "from_addr": "str", "from_name": "str", "reply_to": "str", "bulk_categories": "strs",
                  "event_webhook_public_key": "str"},
     "ses": {**_HTTP, "region": "str", "access_key_id": "str", "from_addr": "str", "from_name": "str",

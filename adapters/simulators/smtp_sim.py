@@ -20,6 +20,13 @@ address, ``error…`` → 451 at DATA always, ``reject…`` → 554 at DATA,
 ``slow…`` → slow DATA answer, ``hang…`` → message recorded at DATA, then no
 answer (the UNKNOWN case). The runtime mode applies at DATA (down / flaky /
 ratelimit → 451, timeout → hang, slow → delay).
+
+Of a message it reads only the header fields it records (``X-Notify-Id``,
+``Message-ID``, ``Subject``, ``Auto-Submitted``: :func:`_header_fields`, up to
+the first empty line) and keeps the bytes as received (``raw``): it stands in
+for a remote relay in the benchmarks, so its CPU per message stays small (the
+standard library's e-mail parser took about 1.9 ms of the 3 ms it spent per
+message). It judges nothing: tests parse ``raw`` with Python's strict parser.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import secrets
 import ssl
 import time
 import weakref
-from email import message_from_bytes, policy
+from email import policy
 from typing import Any, Optional
 
 from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
@@ -55,6 +62,42 @@ def _fqdn(name: str) -> bool:
     if name.startswith("[") and name.endswith("]"):
         return True
     return "." in name and name.lower() not in ("localhost.localdomain",) and not name.lower().endswith(".localdomain")
+
+
+#: the header fields recorded with a message (lower-case name → its field)
+_RECORDED = {b"x-notify-id": "key", b"message-id": "message_id", b"subject": "subject",
+             b"auto-submitted": "auto_submitted"}
+
+
+def _header_fields(raw: bytes) -> dict[str, Optional[str]]:
+    """The recorded header fields of a message (None when absent): the first of
+    each name, unfolded, without the whitespace around it; a Subject with
+    encoded-words (or 8-bit text) decoded as ``policy.default`` reads it. Only
+    the header block is read (up to the first empty line), and only these
+    fields are decoded."""
+    end = raw.find(b"\r\n\r\n")
+    found: dict[bytes, bytes] = {}
+    name: Optional[bytes] = None  # the recorded field being read (for its folded lines)
+    for line in (raw if end < 0 else raw[:end]).splitlines():
+        if not line:
+            break  # the end of the header (a message with bare LF line ends)
+        if line[0] in (0x20, 0x09):  # a folded line: it continues the field before
+            if name is not None:
+                found[name] += line
+            continue
+        key, sep, value = line.partition(b":")
+        name = key.strip().lower() if sep else None
+        if name in _RECORDED and name not in found:
+            found[name] = value
+        else:
+            name = None
+    out: dict[str, Optional[str]] = dict.fromkeys(_RECORDED.values())
+    for key, value in found.items():
+        text = value.strip(b" \t").decode("utf-8", "replace")
+        if key == b"subject" and ("=?" in text or not text.isascii()):
+            text = str(policy.default.header_factory("Subject", text))
+        out[_RECORDED[key]] = text
+    return out
 
 
 class _Handler:
@@ -83,11 +126,11 @@ class _Handler:
         sim = self.sim
         core = sim.core
         raw: bytes = envelope.original_content or envelope.content
-        msg = message_from_bytes(raw, policy=policy.default)
-        key = str(msg.get("X-Notify-Id", "") or "")
+        fields = _header_fields(raw)
+        key = fields["key"] or ""
         to = ",".join(envelope.rcpt_tos)
         sc = _scenario(envelope.rcpt_tos[0]) if envelope.rcpt_tos else None
-        entry: dict[str, Any] = {"op": "send", "stage": "data", "key": key, "to": to, "message_id": msg.get("Message-ID")}
+        entry: dict[str, Any] = {"op": "send", "stage": "data", "key": key, "to": to, "message_id": fields["message_id"]}
         d = core.decide(key or to, "hang" if sc == "hang" else ("slow" if sc == "slow" else None))
         if sc == "error" and d.action == "ok":
             d.action, d.status = "error", 451
@@ -107,9 +150,9 @@ class _Handler:
             "key": key,
             "mail_from": envelope.mail_from,
             "rcpt_tos": list(envelope.rcpt_tos),
-            "message_id": msg.get("Message-ID"),
-            "subject": msg.get("Subject"),
-            "auto_submitted": msg.get("Auto-Submitted"),
+            "message_id": fields["message_id"],
+            "subject": fields["subject"],
+            "auto_submitted": fields["auto_submitted"],
             "raw": raw,
             "helo": getattr(session, "host_name", None),
             "auth": getattr(session, "auth_data", None) is not None or getattr(session, "authenticated", False),

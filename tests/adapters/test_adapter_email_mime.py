@@ -21,8 +21,9 @@ from email.utils import parseaddr
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from adapters.base import email_bodies
+from adapters.base import email_bodies, unsubscribe_headers
 from adapters.email_smtp import SmtpConfig, SmtpProvider
+from pipeline.rules import tracking
 from adapters.simulators.smtp_sim import SmtpSim
 from pipeline.models import AttemptResult, Delivery
 
@@ -75,9 +76,14 @@ def python_reads(head: str, name: str | None) -> str:
     return " ".join(re.sub(r"[ \t]+", " ", c) for c in chunks)
 
 
-def check_message(raw: bytes, d: Delivery, from_name: str | None, *, bulk: bool = False) -> None:
-    """Every header and both bodies of ``raw`` decode to what ``d`` holds."""
+def check_message(raw: bytes, d: Delivery, from_name: str | None, *, bulk: bool = False,
+                  unsubscribe: str | None | bool = True) -> None:
+    """Every header and both bodies of ``raw`` decode to what ``d`` holds;
+    ``unsubscribe``: the one-click link its List-Unsubscribe carries (True: the
+    content's ``unsubscribe_url``; None: no List-Unsubscribe headers)."""
     c = d.content
+    if unsubscribe is True:
+        unsubscribe = c.get("unsubscribe_url") or None
     subject = str(c.get("subject") or "")
     text, html = email_bodies(c)
     text = str(text or "")
@@ -88,7 +94,7 @@ def check_message(raw: bytes, d: Delivery, from_name: str | None, *, bulk: bool 
         assert raw.isascii(), "8-bit data without 8BITMIME"
     head = raw.split(b"\r\n\r\n", 1)[0].decode("ascii")
     for line in head.split("\r\n"):  # folded at 78, but for what cannot fold (an address, an id)
-        assert len(line) <= 78 or line.startswith(("To:", "Message-ID:", "X-Notify-Id:")), line
+        assert len(line) <= 78 or line.startswith(("To:", "Message-ID:", "X-Notify-Id:", "List-Unsubscribe:")), line
 
     # policy.strict raises on any defect; policy.default is what a modern reader sees
     strict = message_from_bytes(raw, policy=policy.strict)
@@ -103,6 +109,16 @@ def check_message(raw: bytes, d: Delivery, from_name: str | None, *, bulk: bool 
     assert m["Date"].datetime is not None and m["MIME-Version"] == "1.0"
     assert m["X-Notify-Category"] == d.category
     assert m["Auto-Submitted"] == (None if bulk else "auto-generated")
+    # RFC 8058 one-click: the URL in angle brackets, never folded inside them (RFC 2369)
+    if unsubscribe is None:
+        assert "List-Unsubscribe" not in m and "List-Unsubscribe-Post" not in m
+        assert b"\r\nList-Unsubscribe" not in raw.split(b"\r\n\r\n", 1)[0]
+    else:
+        assert m.get_all("List-Unsubscribe") == [f"<{unsubscribe}>"] == strict.get_all("List-Unsubscribe")
+        assert m.get_all("List-Unsubscribe-Post") == ["List-Unsubscribe=One-Click"] == \
+            strict.get_all("List-Unsubscribe-Post")
+        assert f"\r\nList-Unsubscribe: <{unsubscribe}>\r\nList-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n" \
+            in head + "\r\n"
     if html:
         assert m.get_content_type() == "multipart/alternative"
         assert [p.get_content_type() for p in m.iter_parts()] == ["text/plain", "text/html"]
@@ -120,6 +136,7 @@ def check_message(raw: bytes, d: Delivery, from_name: str | None, *, bulk: bool 
     name, addr = parseaddr(unfold(c32["From"]))
     assert addr == FROM and (decoded(name) if "=?" in name else name) == (from_name or "")
     assert decoded(c32["X-Notify-Category"]) == d.category
+    assert c32["List-Unsubscribe"] == (None if unsubscribe is None else f"<{unsubscribe}>")
     parts = c32.get_payload() if html else [c32]
     bodies = [lf(p.get_payload(decode=True).decode("utf-8")) for p in parts]
     assert bodies == ([as_sent(text), as_sent(str(html))] if html else [as_sent(text)])
@@ -230,6 +247,59 @@ async def test_a_line_break_in_a_header_is_refused_without_a_call(subject, free_
         assert r.result == AttemptResult.PERMANENT_ERROR and r.permanent_kind == "invalid_request", r
 
 
+# ------------------------------------------------------------------ RFC 8058 one-click unsubscribe
+
+#: a link as the guard makes it (pipeline/rules/plan.py): the API's base URL, /u/, a signed token
+TRACKER = tracking.Tracker(key=b"k" * 32, base_url="https://notify.example.com")
+ONE_CLICK = tracking.unsubscribe_url(TRACKER, "user-0123456789", "marketing", "email", "shop")
+UNSUBSCRIBE_URLS = [
+    ONE_CLICK,  # over 78 with its header name: one line all the same
+    "https://n.example/u/x",
+    "http://127.0.0.1:8080/u/AbC-d_e?x=1&y=%20;z=(a),!*'$~",
+    "https://n.example/u/" + "A" * (998 - len("List-Unsubscribe: <https://n.example/u/>")),  # a line of 998
+]
+
+
+@pytest.mark.parametrize("url", UNSUBSCRIBE_URLS)
+@pytest.mark.parametrize("html", [None, "<p>h</p>"])
+def test_a_delivery_with_its_one_click_link_carries_list_unsubscribe(url, html):
+    raw, d, _ = build({"subject": "Sale", "text": "50% off", "html": html, "unsubscribe_url": url},
+                      category="marketing")
+    check_message(raw, d, None, bulk=True, unsubscribe=url)
+    # the headers SendGrid and SES send for the same content
+    m = message_from_bytes(raw, policy=policy.strict)
+    assert {k: m[k] for k in ("List-Unsubscribe", "List-Unsubscribe-Post")} == unsubscribe_headers(d.content)
+
+
+@pytest.mark.parametrize("content", [{}, {"unsubscribe_url": None}, {"unsubscribe_url": ""}])
+def test_a_delivery_without_its_one_click_link_has_no_list_unsubscribe(content):
+    raw, d, _ = build({"subject": "Sale", "text": "50% off", "html": "<p>h</p>", **content}, category="marketing")
+    check_message(raw, d, None, bulk=True, unsubscribe=None)
+
+
+@pytest.mark.parametrize("url", [
+    "javascript:alert(1)", "mailto:unsub@example.com", "https://n.example/u/a b", "https://n.example/u/<a>",
+    "https://n.example/u/\x00", "https://n.example/u/\x7f", "https://n.example/u/é", "https://exämple.com/u/x",
+    "https://n.example/u/" + "A" * 1000, 42, ["https://n.example/u/x"],
+])
+def test_a_link_no_header_can_carry_is_left_out(url):
+    """As SendGrid and SES leave out what is not an http(s) URL fit for the header;
+    here also what is not printable ASCII (no SMTPUTF8) or would pass 998 octets."""
+    raw, d, _ = build({"subject": "Sale", "text": "50% off", "unsubscribe_url": url}, category="marketing")
+    check_message(raw, d, None, bulk=True, unsubscribe=None)
+
+
+@pytest.mark.parametrize("brk", list(LINE_BREAKS))
+async def test_a_line_break_in_the_one_click_link_is_refused_without_a_call(brk, free_port):
+    url = f"https://n.example/u/tok{brk}Bcc: everyone@example.com"
+    p = SmtpProvider(SmtpConfig(host="127.0.0.1", port=free_port, timeout=1.0))  # nothing listens: a call would fail
+    d = delivery(1, "a@example.org", {"subject": "s", "text": "x", "unsubscribe_url": url}, "marketing")
+    with pytest.raises(ValueError):
+        p.build_message(d)
+    r = await p.send(d)
+    assert r.result == AttemptResult.PERMANENT_ERROR and r.permanent_kind == "invalid_request", r
+
+
 # ------------------------------------------------------------------ property
 
 header_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters=LINE_BREAKS), max_size=150)
@@ -271,7 +341,8 @@ def random_contents(seed: int, n: int) -> list[tuple[dict, str | None]]:
 
 def tricky_contents() -> list[tuple[dict, str | None]]:
     cases = [({"subject": s, "text": b, "html": f"<pre>{b}</pre>"}, None) for s, b in zip(SUBJECTS, BODIES)]
-    return cases + [({"subject": "s", "text": "t"}, n) for n in NAMES]
+    return cases + [({"subject": "s", "text": "t"}, n) for n in NAMES] + [
+        ({"subject": "Sale", "text": "t", "html": "<p>h</p>", "unsubscribe_url": u}, None) for u in UNSUBSCRIBE_URLS]
 
 
 async def send_and_compare(host: str, port: int, stored, contents, *, pool: int = 3) -> SmtpProvider:
@@ -311,6 +382,11 @@ async def test_through_the_simulator(profile):
     try:
         contents = tricky_contents() + random_contents(18, 40)
         await send_and_compare(sim.host, sim.port, lambda: {m["key"]: m["raw"] for m in sim.core.messages.values()}, contents)
+        # the fields it records, read from the header alone, as policy.default reads them
+        for m in sim.core.messages.values():
+            msg = message_from_bytes(m["raw"], policy=policy.default)
+            assert (m["key"], m["message_id"], m["subject"], m["auto_submitted"]) == (
+                msg["X-Notify-Id"], msg["Message-ID"], msg["Subject"], msg["Auto-Submitted"])
     finally:
         await sim.stop()
 

@@ -181,6 +181,28 @@ async def test_push_platform_is_the_kind_whatever_the_providers_are_called(sims,
         await built.close()
 
 
+async def test_smtp_pool_settings_reach_the_session_pool(sims, tmp_path, make_delivery):
+    """``pool`` (sessions kept, as for the HTTP kinds), ``keepalive_s`` and
+    ``max_messages`` of a ``kind = "smtp"`` table reach SmtpConfig and its pool."""
+    path, env = sim_config(sims.as_dict(), tmp_path)
+    text = Path(path).read_text().replace('kind = "smtp"\n', 'kind = "smtp"\npool = 2\nkeepalive_s = 12.5\nmax_messages = 3\n')
+    Path(path).write_text(text)
+    settings = load_settings(path, env={})
+    assert {k: settings.providers["smtp"].options[k] for k in ("pool", "keepalive_s", "max_messages")} == {
+        "pool": 2, "keepalive_s": 12.5, "max_messages": 3}
+    built, _ = provider_set(settings, env=env)
+    try:
+        p = built.providers["smtp"]
+        assert (p.config.max_connections, p.config.keepalive_s, p.config.max_messages) == (2, 12.5, 3)
+        for i in range(4):
+            r = await p.send(make_delivery("email", f"user{i}@example.com"))
+            assert r.result == "ACCEPTED", r
+        assert (p.pool.size, p.pool.idle_s, p.pool.max_messages) == (2, 12.5, 3)
+        assert p.pool.opened == 2  # a session quit after its 3 messages, the 4th on a new one
+    finally:
+        await built.close()
+
+
 # --------------------------------------------------------------------------- bad configs
 
 FAKES = """
@@ -243,6 +265,14 @@ async def test_a_good_config_loads_with_its_references(tmp_path):
      + ROUTES, "providers.twilio.base_url", "a URL with a password"),
     (FAKES + TWILIO.replace('kind = "twilio"', 'kind = "twilio"\ntimout = 5') + ROUTES,
      "providers.twilio.timout", "unknown setting for kind 'twilio'"),
+    (FAKES + TWILIO + ROUTES + '[providers.relay]\nkind = "smtp"\nhost = "smtp.example.com"\npool = 0\n',
+     "providers.relay.pool", "must be ≥ 1"),
+    (FAKES + TWILIO + ROUTES + '[providers.relay]\nkind = "smtp"\nhost = "smtp.example.com"\nkeepalive_s = 0\n',
+     "providers.relay.keepalive_s", "a number > 0"),
+    (FAKES + TWILIO + ROUTES + '[providers.relay]\nkind = "smtp"\nhost = "smtp.example.com"\nmax_messages = 1.5\n',
+     "providers.relay.max_messages", "an integer ≥ 1"),
+    (FAKES + TWILIO + ROUTES + '[providers.relay]\nkind = "smtp"\nhost = "smtp.example.com"\nmax_connections = 5\n',
+     "providers.relay.max_connections", "unknown setting for kind 'smtp'"),
     (FAKES + TWILIO.replace('kind = "twilio"', 'kind = "twilio"\ntimeout = "fast"') + ROUTES,
      "providers.twilio.timeout", "expected a number"),
     (FAKES + TWILIO.replace('from_number = "+15550001111"', '') + ROUTES,
