@@ -58,7 +58,12 @@ Push Kit has neither an idempotency key nor a status query: ``data.notify_id`` c
 our delivery_id for the app to drop duplicates (and ``bi_tag`` the same, for the
 receipts), and :meth:`query` answers ``supported=False``. Receipts (回执) go to an HTTPS
 URL configured in AppGallery Connect as ``{"statuses": [{"biTag", "appid", "token",
-"status", "timestamp", "requestId"}]}``: :func:`adapters.receipts.parse_hms_receipts`.
+"status", "timestamp", "requestId"}]}``: :func:`adapters.receipts.parse_hms_receipts`
+matches them by ``requestId``, our ``provider_msg_id`` (one token per request: one
+delivery per requestId; ``biTag`` carries the delivery id too). The URL is
+``POST /v1/receipts/<provider name>``; the receipt configuration's callback user name
+and key (``receipt_username``, ``receipt_key_env``) authenticate its
+``X-HUAWEI-CALLBACK-ID`` header (:meth:`adapters.receipts.ReceiptVerifier.hms`).
 """
 
 from __future__ import annotations
@@ -106,6 +111,10 @@ class HmsConfig:
     verify: Any = True
     max_connections: int = 50
     name: str = "hms"
+    #: the callback user name of the app's receipt configuration: not used to send; the
+    #: API checks Push Kit's receipt callbacks with it and the callback key
+    #: (``receipt_key_env`` / ``_file``, :func:`adapters.receipts.hms_receipt_config`)
+    receipt_username: Optional[str] = None
 
     @property
     def send_path(self) -> str:

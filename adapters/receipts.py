@@ -33,6 +33,14 @@ Schemes:
   A receipt's own ``timestamp`` (when the message was delivered) is at most
   ``receipt_max_age`` (7 days) old and ``receipt_max_ahead`` (300 s) ahead:
   ``malformed``, the field named (a time in milliseconds would be the year 33658).
+* **Huawei Push Kit** (``X-HUAWEI-CALLBACK-ID``, the mechanism Push Kit documents for
+  its receipt callback: the app's receipt configuration in AppGallery Connect has an
+  HTTPS URL, a callback user name and a callback key; the header is ``timestamp=<ms>;
+  nonce=<UUID>; value=base64(HMAC-SHA256(key, timestamp + nonce + user name))``),
+  :meth:`ReceiptVerifier.hms`: compared in constant time, the timestamp within
+  ``tolerance``; the header does not cover the body, so one header is taken once
+  (``replay`` for another body under it) and the same body again is acknowledged
+  and not written twice. The body is :func:`parse_hms_receipts`'.
 
 The replay guard is keyed on what the signature *is*, never on how the header
 spells it: the HMAC we recompute (vendor: ``sha256=<hex>`` of the digest; Twilio:
@@ -84,6 +92,11 @@ __all__ = [
     "parse_twilio_callback",
     "parse_vendor_callback",
     "parse_hms_receipts",
+    "HMS_CALLBACK_HEADER",
+    "hms_callback_id",
+    "hms_callback_value",
+    "parse_hms_callback_id",
+    "hms_receipt_config",
     "parse_form",
     "signature_settings",
     "body_sha256",
@@ -448,14 +461,20 @@ HMS_NOT_FINAL = frozenset({27})
 
 def parse_hms_receipts(
     body: bytes | str | Mapping[str, Any], provider: str = "hms", now: Optional[float] = None,
-    *, max_age: Optional[float] = None, max_ahead: Optional[float] = None,
+    *, max_age: Optional[float] = None, max_ahead: Optional[float] = None, clamp: bool = False,
 ) -> list[Receipt]:
     """A Huawei Push Kit receipt callback, ``{"statuses": [{"biTag", "appid", "token",
     "status", "timestamp" (ms), "requestId"}, ...]}`` (at most 100 a callback) →
-    Receipts keyed by ``requestId`` (the ``provider_msg_id`` of the send): status 0
-    DELIVERED, 27 skipped, any other UNDELIVERED with its meaning as the error.
+    Receipts keyed by ``requestId`` (the ``provider_msg_id`` of the send, which
+    :mod:`adapters.hms` records; ``biTag`` is our delivery id, not needed to match):
+    status 0 DELIVERED, 27 skipped, any other UNDELIVERED with its meaning as the error.
     Only the body: the ``X-HUAWEI-CALLBACK-ID`` header (HMAC-SHA256 over timestamp,
-    nonce and user name, not over the body) is for the endpoint to check."""
+    nonce and user name, not over the body) is for the endpoint to check
+    (:meth:`ReceiptVerifier.hms`).
+
+    A status's ``timestamp`` outside ``max_age`` / ``max_ahead`` is ``malformed``, or,
+    with ``clamp``, taken as ``now``: Huawei documents it as the device's local time,
+    and one phone's wrong clock must not refuse the other statuses of the callback."""
     if isinstance(body, (bytes, str)):
         try:
             body = orjson.loads(body)
@@ -485,14 +504,100 @@ def parse_hms_receipts(
         ms = _unix_time(item.get("timestamp"))
         at = ms / 1000.0 if ms is not None else ref
         if (max_age is not None and at < ref - max_age) or (max_ahead is not None and at > ref + max_ahead):
-            raise ReceiptRejected("malformed", f"timestamp {at:.0f} is not within {max_age or 0:.0f} s before and "
-                                  f"{max_ahead or 0:.0f} s after now (unix milliseconds)", field=where + "timestamp")
+            if clamp:
+                at = ref
+            else:
+                raise ReceiptRejected("malformed", f"timestamp {at:.0f} is not within {max_age or 0:.0f} s before "
+                                      f"and {max_ahead or 0:.0f} s after now (unix milliseconds)",
+                                      field=where + "timestamp")
         if state == 0:
             out.append(Receipt(provider=provider, provider_msg_id=msg_id, status="DELIVERED", at=at))
         else:
             error = f"hms {state}: {HMS_RECEIPT_STATES.get(state, 'not delivered')}"[:MAX_ERROR]
             out.append(Receipt(provider=provider, provider_msg_id=msg_id, status="UNDELIVERED", at=at, error=error))
     return out
+
+
+# ---------------------------------------------------------------- Huawei Push Kit: the callback's authentication
+
+#: Push Kit's receipt callback authentication header (developer.huawei.com/consumer/en/doc/
+#: doccenter-references/api/push-api-msg-receipt, "Request Header"): sent when the app's
+#: receipt configuration in AppGallery Connect has both a callback user name and a callback
+#: key: ``timestamp=<ms>; nonce=<UUID>; value=<base64(HMAC-SHA256(callback key,
+#: timestamp + nonce + user name))>``. It does not cover the body (HTTPS protects it).
+HMS_CALLBACK_HEADER = "X-HUAWEI-CALLBACK-ID"
+#: the callback user name of the Push Kit simulator that ``notify run`` starts (its key:
+#: ``NOTIFY_HMS_RECEIPT_KEY``), taken at ``/v1/receipts/hms`` when no provider of that name has a kind
+HMS_SIM_USERNAME = "notify-sim"
+
+
+def hms_callback_value(key: str | bytes, timestamp: str, nonce: str, username: str) -> str:
+    """The ``value`` of an X-HUAWEI-CALLBACK-ID: base64(HMAC-SHA256(key, timestamp + nonce + user name))."""
+    k = key.encode() if isinstance(key, str) else key
+    mac = hmac.new(k, f"{timestamp}{nonce}{username}".encode(), hashlib.sha256)
+    return base64.b64encode(mac.digest()).decode()
+
+
+def hms_callback_id(key: str | bytes, username: str, timestamp: Optional[str] = None,
+                    nonce: Optional[str] = None) -> str:
+    """An X-HUAWEI-CALLBACK-ID header value as Push Kit sends it (the simulator's, the tests')."""
+    import uuid
+
+    ts = timestamp if timestamp is not None else str(int(time.time() * 1000))
+    nonce = nonce if nonce is not None else str(uuid.uuid4())
+    return f"timestamp={ts}; nonce={nonce}; value={hms_callback_value(key, ts, nonce, username)}"
+
+
+def parse_hms_callback_id(header: Optional[str]) -> Optional[tuple[str, str, str]]:
+    """``timestamp=…; nonce=…; value=…`` → ``(timestamp, nonce, value)``; None when one is missing."""
+    fields: dict[str, str] = {}
+    for part in (header or "").split(";"):
+        name, sep, value = part.partition("=")  # the value's base64 padding stays in it
+        if sep and name.strip().lower() in ("timestamp", "nonce", "value"):
+            fields[name.strip().lower()] = value.strip()
+    if not all(fields.get(k) for k in ("timestamp", "nonce", "value")):
+        return None
+    return fields["timestamp"], fields["nonce"], fields["value"]
+
+
+def _hms_match(key: str | bytes, username: str, header: Optional[str]) -> Optional[tuple[str, str, str]]:
+    """``(timestamp, nonce, the value we computed)`` when the header's value is the one
+    the key and user name give (compared in constant time); else None."""
+    parts = parse_hms_callback_id(header)
+    if parts is None:
+        return None
+    ts, nonce, value = parts
+    expected = hms_callback_value(key, ts, nonce, username)
+    if not hmac.compare_digest(expected.encode(), value.encode("utf-8", "surrogatepass")):
+        return None
+    return ts, nonce, expected
+
+
+def hms_receipt_config(providers: Optional[Mapping[str, Any]], name: str, *,
+                       env: Optional[Mapping[str, str]] = None,
+                       simulator_key: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """For ``POST /v1/receipts/<name>``: when ``[providers.<name>]`` is of kind hms, the
+    :class:`ReceiptVerifier` arguments of its receipts (``hms_username``: its
+    ``receipt_username``; ``hms_key``: its ``receipt_key_env`` / ``receipt_key_file``
+    read from ``env`` (default: this process's environment) or the file; both None
+    when the table gives none: its callbacks are then refused; ``hms_provider``: the
+    name the receipts carry). For ``name`` "hms" with no table of a kind by that name
+    and ``simulator_key`` (``NOTIFY_HMS_RECEIPT_KEY``, set by ``notify run`` for the
+    simulators): the Push Kit simulator's user name and that key. Else None.
+    Raises ConfigError (naming the key, never the secret) when the key is not readable."""
+    import os
+
+    from config.providers import resolve_secret
+
+    spec = providers.get(name) if providers else None
+    kind = getattr(spec, "kind", None)
+    if kind == "hms":
+        key = resolve_secret(spec, "receipt_key", os.environ if env is None else env)
+        username = spec.options.get("receipt_username")  # type: ignore[union-attr]
+        return {"hms_username": username, "hms_key": key, "hms_provider": name}
+    if kind is None and name == "hms" and simulator_key:
+        return {"hms_username": HMS_SIM_USERNAME, "hms_key": simulator_key, "hms_provider": name}
+    return None
 
 
 # ---------------------------------------------------------------- verifier
@@ -521,7 +626,14 @@ class ReceiptVerifier:
         sns_cert_urls: Sequence[str] = (),
         sns_certs: Any = None,
         ses_provider: str = "ses",
+        hms_username: Optional[str] = None,
+        hms_key: Optional[str | bytes] = None,
+        hms_provider: str = "hms",
     ) -> None:
+        # Huawei Push Kit: the callback user name and key of the app's receipt configuration
+        self.hms_username = hms_username
+        self.hms_key = hms_key
+        self.hms_provider = hms_provider
         # e-mail events (adapters/receipts_email.py): SendGrid's verification key (base64
         # DER or PEM); the SNS topics whose SES notifications are taken, extra certificate
         # URL prefixes (a simulator), the certificate cache (default: the process's)
@@ -666,6 +778,38 @@ class ReceiptVerifier:
         key = "sendgrid:" + hashlib.sha256(str(timestamp).strip().encode() + b"." + body).hexdigest()
         if not await self.guard.first_seen(key, 2 * self.tolerance):
             return []
+        return receipts
+
+    async def hms(self, body: bytes, callback_id: Optional[str]) -> list[Receipt]:
+        """A Huawei Push Kit receipt callback: ``callback_id`` is its X-HUAWEI-CALLBACK-ID
+        header (:data:`HMS_CALLBACK_HEADER`), checked against the configured callback user
+        name and key (constant time; neither configured: every callback is refused, Push
+        Kit sends no header then); its timestamp (milliseconds; seconds are taken too)
+        further than ``tolerance`` from now is ``stale``. The header does not cover the
+        body, so each header is taken once (the same header again with another body is a
+        ``replay``), and the same body again, whatever its header (Push Kit's retry), is
+        acknowledged (``[]``) and not written twice. A status dated by a device clock out
+        of bounds is taken as of now (:func:`parse_hms_receipts` ``clamp``)."""
+        if not self.hms_username or not self.hms_key:
+            raise ReceiptRejected("bad_signature", "no receipt callback user name and key configured")
+        matched = _hms_match(self.hms_key, self.hms_username, callback_id)
+        if matched is None:
+            raise ReceiptRejected("bad_signature", f"{HMS_CALLBACK_HEADER} mismatch")
+        ts_text, _nonce, value = matched
+        ts = _unix_time(ts_text)
+        if ts is None:
+            raise ReceiptRejected("malformed", "timestamp is not a unix time")
+        ts = ts / 1000.0 if ts > 1e11 else ts  # Huawei documents milliseconds (older pages: seconds)
+        if abs(self._now() - ts) > self.tolerance:
+            raise ReceiptRejected("stale", f"timestamp {ts:.0f} outside ±{self.tolerance:.0f}s")
+        receipts = parse_hms_receipts(body, self.hms_provider, now=self._now(), max_age=self.receipt_max_age,
+                                      max_ahead=self.receipt_max_ahead, clamp=True)
+        digest = hashlib.sha256(self.hms_provider.encode() + b"\n" + body).hexdigest()
+        if not await self.guard.first_seen("hms:body:" + digest, self.twilio_replay_ttl):
+            return []
+        if not await self.guard.first_seen("hms:id:" + hashlib.sha256(value.encode()).hexdigest(),
+                                           2 * self.tolerance):
+            raise ReceiptRejected("replay", f"{HMS_CALLBACK_HEADER} seen before")
         return receipts
 
     async def sns(self, body: bytes) -> list[Receipt]:

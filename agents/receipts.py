@@ -1,7 +1,10 @@
 """receipts: a provider's delivery receipt (notify.receipts) → DELIVERED or
 UNDELIVERED for the delivery that carries its provider_msg_id *and was sent
-through that provider* (pipeline/rules/receipts.py). ACCEPTED is never reported
-as DELIVERED without one. A receipt that arrives before our ACCEPTED record is
+through that provider* (pipeline/rules/receipts.py): a record, or a push's
+delivery to one device (Huawei Push Kit's receipts name the message sent to one
+device; the outcome carries that device's delivery id and the record is derived
+from its devices', pipeline/store/devices.py). ACCEPTED is never reported as
+DELIVERED without one. A receipt that arrives before our ACCEPTED record is
 written is retried a few times through the timer topic; one whose message id
 belongs only to deliveries of other providers is refused at once: logged and
 dead-lettered as ``provider_mismatch``, nothing changed (a provider's receipt

@@ -68,6 +68,7 @@ class Environment:
     receipts_url: Optional[str] = _knob("NOTIFY_RECEIPTS_URL", None, "where in-process simulators post receipts")
     twilio_auth_token: Optional[str] = _knob("NOTIFY_TWILIO_AUTH_TOKEN", None, "in-process Twilio simulator's token", secret=True)
     vendor_secret: Optional[str] = _knob("NOTIFY_VENDOR_SECRET", None, "in-process SMS vendor simulator's secret", secret=True)
+    hms_receipt_key: Optional[str] = _knob("NOTIFY_HMS_RECEIPT_KEY", None, "Push Kit simulator's receipt callback key", secret=True)
     webhook_allow: str = _knob("NOTIFY_WEBHOOK_ALLOW", "", "webhook targets allowed besides public addresses")
     callback_secret: Optional[str] = _knob("NOTIFY_CALLBACK_SECRET", None, "the operator's key signing status callbacks", secret=True)
     # -- the API -------------------------------------------------------------------

@@ -68,7 +68,8 @@ KINDS: Mapping[str, Mapping[str, str]] = MappingProxyType({
              "device_retry_after": "pos", "expiration_s": "int0", "push_type": "str"},
     "fcm": {**_HTTP, "project_id": "str", "client_email": "str", "private_key_id": "str", "token_uri": "url",
             "ttl_s": "int0", "http2": "bool"},
-    "hms": {**_HTTP, "client_id": "str", "app_id": "str", "token_url": "url", "ttl_s": "int0"},
+    "hms": {**_HTTP, "client_id": "str", "app_id": "str", "token_url": "url", "ttl_s": "int0",
+            "receipt_username": "str"},
     "twilio": {**_HTTP, "account_sid": "str", "from_number": "str", "messaging_service_sid": "str",
                "status_callback": "url", "idempotency_header": "str", "reconcile_param": "str"},
     "smsvendor": {**_HTTP, "sender": "str", "callback_url": "url"},
@@ -102,7 +103,9 @@ KIND_CHANNEL: Mapping[str, Optional[str]] = MappingProxyType({
 SECRETS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "apns": ("key",),  # the .p8 signing key (PEM)
     "fcm": ("service_account", "private_key"),  # the service-account JSON, or its private key (PEM)
-    "hms": ("client_secret",),  # the app's OAuth 2.0 client secret (AppGallery Connect)
+    # the app's OAuth 2.0 client secret; the callback key of its receipt configuration
+    # (AppGallery Connect: Push Kit's receipts, verified by POST /v1/receipts/<name>)
+    "hms": ("client_secret", "receipt_key"),
     "twilio": ("auth_token",),
     "smsvendor": ("api_key",),
     "smtp": ("password", "ca"),  # ca: the PEM of a private relay's CA (not secret, but a file)
@@ -214,7 +217,9 @@ def _provider(name: str, table: dict[str, Any], user_dir: Optional[Path]) -> Any
             options[k] = _ref(f"{key}.{k}", how, v, user_dir)
             continue
         if k in secrets or _looks_secret(k):
-            hint = k if k in secrets else (secrets[0] if secrets else k)
+            # receipt_password → receipt_key: the kind's secret of the same first word, else its first
+            hint = k if k in secrets else next((x for x in secrets if x.split("_")[0] == k.split("_")[0]),
+                                               secrets[0] if secrets else k)
             raise s.ConfigError(
                 f"{key}.{k}: a secret is never written in the config file: give {hint}_env = \"VARIABLE\" "
                 f"(an environment variable) or {hint}_file = \"/path\" instead", f"{key}.{k}", None)
@@ -229,6 +234,11 @@ def _provider(name: str, table: dict[str, Any], user_dir: Optional[Path]) -> Any
     if kind == "smtp" and ("password_env" in options or "password_file" in options) and "username" not in options:
         raise s.ConfigError(f"{key}.username: missing (a password is for AUTH, which needs a username)",
                             f"{key}.username", None)
+    if kind == "hms" and ("receipt_username" in options) != any(f"receipt_key_{h}" in options for h in ("env", "file")):
+        # Push Kit authenticates its receipt callbacks only when both are configured
+        missing = "receipt_key_env / receipt_key_file" if "receipt_username" in options else "receipt_username"
+        raise s.ConfigError(f"{key}: missing {missing} (receipt callbacks are authenticated with the callback "
+                            f"user name and key together)", f"{key}.{missing.split(' ')[0]}", None)
     channel = KIND_CHANNEL[kind] or options.get("channel")
     return s.ProviderConfig(name, rate, burst, kind=kind, channel=channel, options=MappingProxyType(options),
                             breaker=breaker)

@@ -111,7 +111,8 @@ class Resources:
                 from adapters.simulators import start_all
 
                 self.simulators = await start_all(env.receipts_url, twilio_auth_token=env.twilio_auth_token,
-                                                  vendor_secret=env.vendor_secret)
+                                                  vendor_secret=env.vendor_secret,
+                                                  hms_receipt_key=env.hms_receipt_key)
                 info = self.simulators.as_dict()
         built, specs = provider_set(settings, info=info)
         providers, routes = built.providers, built.routes

@@ -158,6 +158,8 @@ class Simulators(SimGroup):
         return ReceiptVerifier(
             twilio_auth_token=self.twilio.auth_token,
             vendor_secret=self.vendor.webhook_secret,
+            hms_username=self.hms.receipt_username,
+            hms_key=self.hms.receipt_key,
             guard=guard or MemoryReplayGuard(),
             **kw,
         )
@@ -191,7 +193,8 @@ class Simulators(SimGroup):
             "smsvendor": {**self.vendor.credentials(), "base_url": self.vendor.base_url},
             "smtp": {**self.smtp.credentials(), "cert_pem": self.smtp.cert_pem.decode() if self.smtp.cert_pem else None},
             "webhook": {**self.webhook.credentials(), "url": self.webhook.url("ok")},
-            "hms": {**self.hms.credentials(), "base_url": self.hms.base_url, "token_url": self.hms.token_url},
+            "hms": {**self.hms.credentials(), "base_url": self.hms.base_url, "token_url": self.hms.token_url,
+                    **self.hms.receipt_credentials()},
         }
 
     async def stop(self) -> None:
@@ -213,13 +216,16 @@ async def start_all(
     twilio_auth_token: Optional[str] = None,
     vendor_secret: Optional[str] = None,
     ledger_path: Optional[str] = None,
+    hms_receipt_key: Optional[str] = None,
 ) -> Simulators:
     """Start every simulator on ``host`` (ephemeral ports). ``receipts_url``:
     where SMS receipts go, as ``<receipts_url>/<provider>`` (or a template with
     ``{provider}``); ``profile``: random behaviour (default: realistic, mostly
     successful); ``smtp_tls``/``smtp_auth``: require STARTTLS / AUTH;
-    ``twilio_auth_token``/``vendor_secret``: the secrets receipts are signed with
-    (default: random), shared with the receipts endpoint of the API;
+    ``twilio_auth_token``/``vendor_secret``/``hms_receipt_key``: the secrets receipts
+    are signed with (default: random), shared with the receipts endpoint of the API
+    (Push Kit's receipts go to ``<receipts_url>/hms``, its callback user name is
+    ``notify-sim``);
     ``ledger_path``: also append every ledger row of every simulator to this file
     (JSON lines, see :func:`read_ledger`)."""
     profile = profile or SimProfile.realistic()
@@ -238,7 +244,7 @@ async def start_all(
             password=secrets.token_hex(8) if smtp_auth else None,
         ),
         webhook=WebhookSim(profile, host=host),
-        hms=HmsSim(profile, host=host),
+        hms=HmsSim(profile, host=host, receipts_url=receipt_url(receipts_url, "hms"), receipt_key=hms_receipt_key),
         receipts_url=receipts_url,
     )
     sims.seed_rngs(profile)

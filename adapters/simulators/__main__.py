@@ -29,7 +29,8 @@ def main() -> None:
     env = read_env()
     asyncio.run(run_standalone(lambda: start_all(
         args.receipts_url, profile=profile, smtp_tls=args.smtp_tls, smtp_auth=args.smtp_auth, ledger_path=args.ledger,
-        twilio_auth_token=env.twilio_auth_token, vendor_secret=env.vendor_secret), args.info))
+        twilio_auth_token=env.twilio_auth_token, vendor_secret=env.vendor_secret,
+        hms_receipt_key=env.hms_receipt_key), args.info))
 
 
 if __name__ == "__main__":

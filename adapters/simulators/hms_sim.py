@@ -28,7 +28,18 @@
   realistic profile's latency (p50 ~30 ms) and random failures.
 
 The ledger's ``key`` is our delivery id (``data.notify_id``, else ``android.bi_tag``).
-Receipts (Huawei POSTs them to a URL set in AppGallery Connect) are not simulated.
+
+Receipts (回执): after a message is accepted, and ``receipt_delay`` later, the simulator
+POSTs Push Kit's receipt callback to ``receipts_url`` (what the app's receipt
+configuration in AppGallery Connect names): ``{"statuses": [{"biTag", "appid",
+"token", "status", "timestamp" (ms), "requestId"}]}``, one status per valid token,
+status 0 (delivered), or 2 (app not installed) for the ``undelivered`` scenario and
+the profile's ``undelivered_rate``, with ``X-HUAWEI-CALLBACK-ID: timestamp=<ms>;
+nonce=<UUID>; value=base64(HMAC-SHA256(receipt_key, timestamp + nonce +
+receipt_username))`` (:func:`adapters.receipts.hms_callback_id`): the callback user
+name (default ``notify-sim``) and key (default: random) of that configuration. A
+callback answered with a 5xx or not at all is sent once more, the same.
+:meth:`HmsSim.receipt_body` and :meth:`HmsSim.signed` build one for a test.
 """
 
 from __future__ import annotations
@@ -43,7 +54,8 @@ from typing import Any, Optional
 import orjson
 from aiohttp import web
 
-from .common import HttpSim, SimProfile, text_scenario, token_scenario
+from ..receipts import HMS_CALLBACK_HEADER, HMS_SIM_USERNAME, hms_callback_id
+from .common import HttpSim, SimProfile, post_receipt, text_scenario, token_scenario
 
 __all__ = ["HmsSim"]
 
@@ -56,8 +68,11 @@ class HmsSim(HttpSim):
     name = "hms"
 
     def __init__(self, profile: Optional[SimProfile] = None, *, app_id: str = "104857601", token_lifetime: int = 3600,
-                 **kw: Any) -> None:
+                 receipt_username: str = HMS_SIM_USERNAME, receipt_key: Optional[str] = None, **kw: Any) -> None:
         super().__init__(profile, **kw)
+        #: the receipt configuration's callback user name and key (X-HUAWEI-CALLBACK-ID)
+        self.receipt_username = receipt_username
+        self.receipt_key = receipt_key or secrets.token_hex(24)
         self.app_id = app_id
         self.client_id = app_id  # an app's OAuth client ID is its app id in AppGallery Connect
         self.client_secret = secrets.token_hex(32)
@@ -74,6 +89,11 @@ class HmsSim(HttpSim):
 
     def credentials(self) -> dict[str, Any]:
         return {"client_id": self.client_id, "client_secret": self.client_secret, "app_id": self.app_id}
+
+    def receipt_credentials(self) -> dict[str, Any]:
+        """The receipt configuration's callback user name and key (``receipt_username``,
+        the secret behind ``receipt_key_env`` of a ``[providers.<name>]`` of kind hms)."""
+        return {"receipt_username": self.receipt_username, "receipt_key": self.receipt_key}
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/oauth2/v3/token", self._token)
@@ -191,8 +211,39 @@ class HmsSim(HttpSim):
                                      "at": time.time()}
         if key:
             core.by_key[key] = request_id
+        delivered = [t for t in tokens if t not in bad]
+        core.spawn(self._receipts(request_id, key, delivered, 2 if d.undelivered else 0))
         await self.accepted(entry, d, request_id)
         if bad:
             msg = orjson.dumps({"success": len(tokens) - len(bad), "failure": len(bad), "illegal_tokens": bad}).decode()
             return web.json_response({"code": "80100000", "msg": msg, "requestId": request_id})
         return web.json_response({"code": "80000000", "msg": "Success", "requestId": request_id})
+
+    # ------------------------------------------------------------------ receipts
+
+    def receipt_body(self, request_id: str, status: int = 0, *, tokens: Optional[list[str]] = None,
+                     bi_tag: Optional[str] = None, timestamp_ms: Optional[int] = None) -> bytes:
+        """Push Kit's receipt callback body for the message ``request_id`` (one status per token)."""
+        msg = self.core.messages.get(request_id) or {}
+        tokens = tokens if tokens is not None else list(msg.get("tokens") or ["token"])
+        ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        tag = bi_tag if bi_tag is not None else str(msg.get("key") or "")
+        return orjson.dumps({"statuses": [{"biTag": tag, "appid": self.app_id, "token": t, "status": status,
+                                           "timestamp": ts, "requestId": request_id} for t in tokens]})
+
+    def signed(self, timestamp: Optional[str] = None, nonce: Optional[str] = None) -> dict[str, str]:
+        """The headers of a receipt callback: JSON, and a fresh X-HUAWEI-CALLBACK-ID."""
+        return {"Content-Type": "application/json",
+                HMS_CALLBACK_HEADER: hms_callback_id(self.receipt_key, self.receipt_username, timestamp, nonce)}
+
+    async def _receipts(self, request_id: str, key: str, tokens: list[str], status: int) -> None:
+        await asyncio.sleep(self.core.receipt_delay())
+        msg = self.core.messages.get(request_id)
+        if msg is None or not tokens:
+            return
+        msg["status"] = "delivered" if status == 0 else f"undelivered {status}"
+        if not self.receipts_url or self.session is None:
+            return
+        body = self.receipt_body(request_id, status, tokens=tokens, bi_tag=key)
+        await post_receipt(self.session, self.core, self.receipts_url, body=body, headers=self.signed(),
+                           info={"msg_id": request_id, "key": key, "status_sent": status})

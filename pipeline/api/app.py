@@ -98,6 +98,7 @@ def _environment_defaults(
     vendor_secret: Optional[str],
     public_url: Optional[str],
     idempotency_ttl: Optional[int],
+    hms_receipt_key: Optional[str] = None,
 ) -> dict[str, Any]:
     """The arguments of :func:`make_app` the caller left None, from the settings
     (``settings.env``: the process's NOTIFY_* knobs, config/environment.py)."""
@@ -110,12 +111,15 @@ def _environment_defaults(
         twilio_auth_token = env.twilio_auth_token
     if vendor_secret is None:
         vendor_secret = env.vendor_secret
+    if hms_receipt_key is None:
+        hms_receipt_key = env.hms_receipt_key
     if public_url is None:
         public_url = env.api_public_url
     if idempotency_ttl is None:
         idempotency_ttl = int(env.api_idempotency_ttl or DEFAULT_IDEMPOTENCY_TTL)
     return {"keys_path": keys_path, "bootstrap_key": bootstrap_key, "twilio_auth_token": twilio_auth_token,
-            "vendor_secret": vendor_secret, "public_url": public_url, "idempotency_ttl": idempotency_ttl}
+            "vendor_secret": vendor_secret, "public_url": public_url, "idempotency_ttl": idempotency_ttl,
+            "hms_receipt_key": hms_receipt_key}
 
 
 def make_app(
@@ -133,13 +137,15 @@ def make_app(
     batch_max_bytes: int = 4 << 20,
     renderer: Any = None,
     receipts: Optional[ReceiptAdapters] = None,
+    hms_receipt_key: Optional[str] = None,
 ) -> web.Application:
     """The API application. Connects to the broker and opens the record store on
     startup (``broker_url`` is a ``redis://``/``rediss://`` URL; a ``prefix``
     query option is honoured like the transport's).
 
     Secrets default to the environment: ``NOTIFY_API_KEY`` (bootstrap key, all
-    scopes), ``NOTIFY_TWILIO_AUTH_TOKEN``, ``NOTIFY_VENDOR_SECRET``;
+    scopes), ``NOTIFY_TWILIO_AUTH_TOKEN``, ``NOTIFY_VENDOR_SECRET``, ``NOTIFY_HMS_RECEIPT_KEY``
+    (the Push Kit simulator's receipt callback key, ``/v1/receipts/hms``);
     ``NOTIFY_API_PUBLIC_URL`` is the externally visible base URL (Twilio signs
     the URL it called: set it behind a proxy); ``NOTIFY_API_IDEMPOTENCY_TTL``
     (seconds) how long a biz_key is remembered.
@@ -151,6 +157,7 @@ def make_app(
     conf = _environment_defaults(
         settings, keys_path=keys_path, bootstrap_key=bootstrap_key, twilio_auth_token=twilio_auth_token,
         vendor_secret=vendor_secret, public_url=public_url, idempotency_ttl=idempotency_ttl,
+        hms_receipt_key=hms_receipt_key,
     )
     if renderer is None:
         from pipeline.templates import Renderer
@@ -164,6 +171,7 @@ def make_app(
         settings, broker_url=broker_url, store_path=str(store_path), keys=keys, renderer=renderer,
         twilio_auth_token=conf["twilio_auth_token"], vendor_secret=conf["vendor_secret"],
         public_url=conf["public_url"], idempotency_ttl=conf["idempotency_ttl"], batch_max_events=batch_max_events,
+        hms_receipt_key=conf["hms_receipt_key"],
     )
     if settings.tracking.enabled:  # the key the workers sign links with (pipeline/keyfile.py)
         from pipeline.keyfile import tracking_key

@@ -67,10 +67,14 @@ def _templates(renderer: Any) -> tuple[list[str], list[int]]:
     return codes, versions
 
 
-def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int = 500) -> dict[str, Any]:
-    #: providers of kind sendgrid / ses take their events at /v1/receipts/<name>
-    mail_receipts = sorted(n for n, p in (getattr(settings, "providers", None) or {}).items()
-                           if getattr(p, "kind", None) in ("sendgrid", "ses"))
+def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int = 500,
+                  hms_simulator: bool = False) -> dict[str, Any]:
+    #: providers of kind sendgrid / ses / hms take their events at /v1/receipts/<name>;
+    #: "hms" too for the Push Kit simulator (``hms_simulator``: NOTIFY_HMS_RECEIPT_KEY set)
+    providers = getattr(settings, "providers", None) or {}
+    own_receipts = sorted(n for n, p in providers.items() if getattr(p, "kind", None) in ("sendgrid", "ses", "hms"))
+    if hms_simulator and "hms" not in own_receipts and getattr(providers.get("hms"), "kind", None) is None:
+        own_receipts.append("hms")
     categories = sorted(settings.categories)
     codes, versions = _templates(renderer)
     template = {"type": "string", "description": "a template under config/templates/<code>/v<version>/"}
@@ -642,15 +646,21 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                                    "does: the full URL, any query string included; an identical retried callback "
                                    "is acknowledged (200, received 0). smsvendor: JSON with X-Vendor-Timestamp and "
                                    "X-Vendor-Signature (sha256=HMAC); a provider of kind sendgrid (signed Event Webhook) or ses "
-                                   "(SNS notifications) at its own name. A bad, stale or replayed signature is 401 "
+                                   "(SNS notifications) at its own name; one of kind hms (Huawei Push Kit's "
+                                   "receipts, {\"statuses\": [...]}) at its own name with X-HUAWEI-CALLBACK-ID "
+                                   "(timestamp; nonce; value=base64 HMAC-SHA256 of timestamp + nonce + callback "
+                                   "user name with the callback key), the same body again acknowledged (200, "
+                                   "received 0). A bad, stale or replayed signature is 401 "
                                    "and counted in notify_receipts_rejected_total.",
                     "security": [],
                     "parameters": [
                         {"name": "provider", "in": "path", "required": True,
-                         "schema": {"type": "string", "enum": ["twilio", "smsvendor", *mail_receipts]}},
+                         "schema": {"type": "string",
+                                    "enum": list(dict.fromkeys(["twilio", "smsvendor", *own_receipts]))}},
                         {"name": "X-Twilio-Signature", "in": "header", "schema": {"type": "string"}},
                         {"name": "X-Vendor-Timestamp", "in": "header", "schema": {"type": "string"}},
                         {"name": "X-Vendor-Signature", "in": "header", "schema": {"type": "string"}},
+                        {"name": "X-HUAWEI-CALLBACK-ID", "in": "header", "schema": {"type": "string"}},
                     ],
                     "requestBody": {"required": True, "content": {
                         "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
@@ -658,7 +668,12 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                             "ErrorCode": {"type": "string"}}}},
                         "application/json": {"schema": {"type": "object", "properties": {
                             "message_id": {"type": "string"}, "status": {"type": "string"},
-                            "error": _NSTR, "timestamp": _NUM}}},
+                            "error": _NSTR, "timestamp": _NUM,
+                            # Huawei Push Kit (kind hms)
+                            "statuses": {"type": "array", "items": {"type": "object", "properties": {
+                                "requestId": {"type": "string"}, "biTag": {"type": "string"},
+                                "appid": {"type": "string"}, "token": {"type": "string"},
+                                "status": {"type": "integer"}, "timestamp": {"type": "integer"}}}}}}},
                     }},
                     "responses": {
                         "200": _json({"type": "object", "required": ["received"], "properties": {
@@ -668,7 +683,7 @@ def build_openapi(settings: Any, *, renderer: Any = None, batch_max_events: int 
                         "401": _err("bad, stale or replayed signature"),
                         "404": _err("unknown provider"),
                         "413": _err("body too large"),
-                        "503": _err("broker unavailable"),
+                        "503": _err("broker unavailable, or the provider's receipt credentials unreadable"),
                     },
                 }
             },

@@ -84,6 +84,7 @@ class Api:
         public_url: Optional[str],
         idempotency_ttl: int,
         batch_max_events: int,
+        hms_receipt_key: Optional[str] = None,
     ) -> None:
         self.settings = settings
         self.broker_url = broker_url
@@ -92,6 +93,8 @@ class Api:
         self.renderer = renderer
         self.twilio_auth_token = twilio_auth_token
         self.vendor_secret = vendor_secret
+        #: the Push Kit simulator's receipt callback key (NOTIFY_HMS_RECEIPT_KEY): /v1/receipts/hms
+        self.hms_receipt_key = hms_receipt_key
         self.public_url = public_url.rstrip("/") if public_url else None
         self.idempotency_ttl = int(idempotency_ttl)
         self.batch_max_events = batch_max_events
@@ -104,7 +107,8 @@ class Api:
         self.sampler: Optional[M.LagSampler] = None
         self.scheduled = _ScheduledCount(store_path)
         self.lag_registry: Any = None
-        self.openapi = build_openapi(settings, renderer=renderer, batch_max_events=batch_max_events)
+        self.openapi = build_openapi(settings, renderer=renderer, batch_max_events=batch_max_events,
+                                     hms_simulator=bool(hms_receipt_key))
 
     async def start(self) -> None:
         # a bounded pool: under a burst of producers a request waits for a connection

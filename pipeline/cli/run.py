@@ -55,6 +55,7 @@ def cmd_run(args) -> int:
         # the simulators sign their receipts with secrets the API's receipts endpoint knows
         env.setdefault("NOTIFY_TWILIO_AUTH_TOKEN", secrets.token_hex(16))
         env.setdefault("NOTIFY_VENDOR_SECRET", secrets.token_hex(16))
+        env.setdefault("NOTIFY_HMS_RECEIPT_KEY", secrets.token_hex(16))  # Push Kit's callback key
         env["NOTIFY_PROVIDERS"] = "simulators"
         if args.api_port:
             env.setdefault("NOTIFY_RECEIPTS_URL", f"http://127.0.0.1:{args.api_port}/v1/receipts")

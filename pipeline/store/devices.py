@@ -13,7 +13,9 @@ user_id, channel)`` as always) shows what they add up to.
     ``latency_ms`` (to its first terminal outcome), merged from its outcomes by
     the record's own order-free rules (:mod:`pipeline.store.merge`), and ``devices``:
     how many devices the notification went to (the outcomes say it).
-    Primary key ``(record_id, delivery_id)``, ``WITHOUT ROWID``.
+    Primary key ``(record_id, delivery_id)``, ``WITHOUT ROWID``; indexed by
+    ``provider_msg_id``: a push provider's receipt (Huawei Push Kit's) names the
+    message sent to one device, and decides that device's delivery.
 
 The record's ``status``/``reason`` is then derived from its deliveries'
 (:func:`pipeline.rules.states.of_deliveries`): ACCEPTED / UNDELIVERED /
@@ -63,8 +65,10 @@ CREATE TABLE IF NOT EXISTS device_deliveries (
     latency_ms      REAL,
     PRIMARY KEY (record_id, delivery_id)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ix_device_provider_msg ON device_deliveries (provider_msg_id)
+    WHERE provider_msg_id IS NOT NULL;
 """
-OBJECTS = ("device_deliveries",)
+OBJECTS = ("device_deliveries", "ix_device_provider_msg")
 
 #: what :meth:`RecordStore.deliveries` returns per device delivery
 COLUMNS = ("delivery_id", "status", "reason", "provider", "provider_msg_id", "retry_count", "devices",

@@ -43,8 +43,13 @@ from . import devices as devices_mod
 from .merge import _K, batch_rows, fold
 from .turn import WriteTurn
 from .schema import (
-    _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS, _rebuild_sql,
+    _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS, RECORD_COLUMNS,
+    _rebuild_sql,
 )  # fmt: skip
+
+#: a push's delivery to one device as a record's row (``d``: device_deliveries, ``r``:
+#: notify_record): the device delivery's own fields, the others its record's
+_DEVICE_AS_RECORD = ", ".join(f"d.{c}" if c in devices_mod.COLUMNS else f"r.{c}" for c in RECORD_COLUMNS)
 
 # aiosqlite logs a DEBUG record per statement, from its thread; with log records
 # redacted as they are made (pipeline/redact.py) that cost ~15% of a worker's CPU
@@ -574,13 +579,24 @@ class RecordStore:
     async def by_provider_msg_id(
         self, provider_msg_id: str, provider: Optional[str] = None
     ) -> list[dict[str, Any]]:
-        """Records carrying a provider's message id (to match a receipt)."""
-        sql = f"SELECT {_RECORD_SELECT} FROM notify_record WHERE provider_msg_id = ?"
+        """The deliveries carrying a provider's message id (to match a receipt): records
+        of a whole channel, and a push's deliveries to one device, each as its record's
+        row with the device delivery's own ``delivery_id``, status, provider and times (a
+        push record's state is derived from its devices': a receipt decides the device's
+        delivery, pipeline/store/devices.py). A push record is not returned besides its
+        matching device deliveries."""
         params: list[Any] = [provider_msg_id]
+        where = " AND provider = ?" if provider is not None else ""
         if provider is not None:
-            sql += " AND provider = ?"
             params.append(provider)
-        return [dict(r) for r in await self._read(sql, params)]
+        devices = [dict(r) for r in await self._read(
+            f"SELECT {_DEVICE_AS_RECORD} FROM device_deliveries d JOIN notify_record r"
+            f" ON r.delivery_id = d.record_id WHERE d.provider_msg_id = ?{where.replace('provider', 'd.provider')}",
+            params)]
+        records = [dict(r) for r in await self._read(
+            f"SELECT {_RECORD_SELECT} FROM notify_record WHERE provider_msg_id = ?{where}", params)]
+        shown = {ids.record_id(d["delivery_id"]) for d in devices}
+        return [r for r in records if r["delivery_id"] not in shown] + devices
 
     async def find(
         self,

@@ -13,14 +13,15 @@ import pytest
 from adapters.dispatch import Dispatcher
 from adapters.fake import FakeProvider
 from adapters.hms import HmsConfig, HmsProvider, hms_outcome, illegal_tokens
-from adapters.receipts import ReceiptRejected, parse_hms_receipts
+from adapters.receipts import (HMS_CALLBACK_HEADER, ReceiptRejected, ReceiptVerifier, hms_receipt_config,
+                               parse_hms_callback_id, parse_hms_receipts)
 from adapters.registry import build_spec, check_all
 from adapters.simulators import SimProfile
 from adapters.simulators.hms_sim import HmsSim
 from config.settings import load_settings
 from pipeline.models import AttemptResult
 from pipeline.parsers.events import InvalidEvent, address_ok, parse_device_update
-from tests.adapters.helpers import notify_toml
+from tests.adapters.helpers import ReceiptServer, notify_toml
 
 
 @pytest.fixture
@@ -326,3 +327,90 @@ def test_a_secret_written_in_the_file_is_refused(tmp_path):
 def test_profile_default_is_realistic():
     """The standalone simulators run Push Kit's with the same latency profile as the others."""
     assert HmsSim().core.profile == SimProfile.realistic()
+
+
+# ------------------------------------------------------------------ receipts: the simulator's callbacks, the settings
+
+
+class _HmsReceipts(ReceiptServer):
+    """Push Kit's receipt callbacks, verified with the simulator's callback user name and key."""
+
+    def __init__(self, username: str, key: str) -> None:
+        super().__init__()
+        self.verifier = ReceiptVerifier(hms_username=username, hms_key=key, hms_provider="huawei")
+
+    async def verify(self, provider, request, body):
+        return await self.verifier.hms(body, request.headers.get(HMS_CALLBACK_HEADER))
+
+
+async def test_the_simulator_posts_authenticated_receipts_matched_by_request_id(profile, make_delivery):
+    sim = HmsSim(profile, receipt_key="k-" + "9" * 30)
+    server = _HmsReceipts(sim.receipt_username, sim.receipt_key)
+    await server.start()
+    sim.receipts_url = server.base_url + "/huawei"
+    await sim.start()
+    try:
+        ok = await server.send_one(provider_for(sim), make_delivery("push", "hms:tok-r1"))
+        lost = await server.send_one(provider_for(sim), make_delivery(
+            "push", "hms:tok-r2", {"title": "T", "body": "gone #sim=undelivered"}))
+        got = {r.provider_msg_id: (r.provider, r.status, r.error) for r in server.receipts}
+        assert got == {ok.provider_msg_id: ("huawei", "DELIVERED", None),
+                       lost.provider_msg_id: ("huawei", "UNDELIVERED", "hms 2: app not installed")}
+        _provider, body, headers = server.raw[0]
+        doc = orjson.loads(body)["statuses"][0]
+        # the receipt carries our delivery id as its biTag, and the request id the send answered
+        assert doc["biTag"] == sends(sim)[0]["key"] and doc["requestId"] == ok.provider_msg_id
+        assert parse_hms_callback_id(headers[HMS_CALLBACK_HEADER]) is not None
+        assert server.answers == [200, 200] and [r["status"] for r in sim.core.receipts] == [200, 200]
+        # another key: the same callbacks are refused
+        server.verifier = ReceiptVerifier(hms_username=sim.receipt_username, hms_key="another-key")
+        with pytest.raises(ReceiptRejected) as exc:
+            await server.verifier.hms(body, headers[HMS_CALLBACK_HEADER])
+        assert exc.value.reason == "bad_signature"
+    finally:
+        await sim.stop()
+        await server.stop()
+
+
+def _receipt_table(extra: str) -> str:
+    return f'[providers.h]\nkind = "hms"\nclient_id = "1"\nclient_secret_env = "S"\n{extra}'
+
+
+def test_receipt_callback_settings_by_reference_only(tmp_path):
+    from config.settings import ConfigError
+
+    path = tmp_path / "n.toml"
+    for inline in ('receipt_key = "cb-k3y-value"', 'receipt_password = "cb-k3y-value"'):
+        path.write_text(_receipt_table(f'receipt_username = "notify"\n{inline}\n'))
+        with pytest.raises(ConfigError) as exc:
+            load_settings(str(path), env={})
+        assert "cb-k3y-value" not in str(exc.value) and "never written in the config file" in str(exc.value)
+    path.write_text(_receipt_table('receipt_key_env = "cb-k3y-value"\nreceipt_username = "notify"\n'))
+    with pytest.raises(ConfigError) as exc:  # the secret pasted where its variable's name goes
+        load_settings(str(path), env={})
+    assert "cb-k3y-value" not in str(exc.value)
+    # Push Kit authenticates receipts with both or sends no header: one alone is refused
+    path.write_text(_receipt_table('receipt_username = "notify"\n'))
+    with pytest.raises(ConfigError, match="receipt_key_env / receipt_key_file"):
+        load_settings(str(path), env={})
+    path.write_text(_receipt_table('receipt_key_env = "HMS_RECEIPT_KEY"\n'))
+    with pytest.raises(ConfigError, match="missing receipt_username"):
+        load_settings(str(path), env={})
+
+    path.write_text(_receipt_table('receipt_username = "notify"\nreceipt_key_env = "HMS_RECEIPT_KEY"\n'))
+    s = load_settings(str(path), env={})
+    spec = s.providers["h"]
+    assert spec.options["receipt_username"] == "notify"
+    assert hms_receipt_config(s.providers, "h", env={"HMS_RECEIPT_KEY": "k"}) == {
+        "hms_username": "notify", "hms_key": "k", "hms_provider": "h"}
+    with pytest.raises(ConfigError) as exc:  # the key's variable unset: named, for the API's log
+        hms_receipt_config(s.providers, "h", env={})
+    assert "providers.h.receipt_key_env" in str(exc.value)
+    assert hms_receipt_config(s.providers, "other", env={}) is None
+    # the worker builds the adapter from the same table (the receipt settings are the API's)
+    p = build_spec(spec, {"S": "secret"})
+    assert isinstance(p, HmsProvider) and p.config.receipt_username == "notify"
+    # the simulators' "hms" of notify run, by NOTIFY_HMS_RECEIPT_KEY, when no table of that name has a kind
+    assert hms_receipt_config({}, "hms", simulator_key="sim-k") == {
+        "hms_username": "notify-sim", "hms_key": "sim-k", "hms_provider": "hms"}
+    assert hms_receipt_config({}, "hms") is None

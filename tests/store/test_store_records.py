@@ -161,6 +161,35 @@ async def test_a_delivery_history_out_of_order(store):
     assert await store.by_provider_msg_id("m-1", provider="a") == []
 
 
+async def test_a_receipt_for_one_device_is_matched_to_that_devices_delivery(store):
+    """A push provider's receipt (Huawei Push Kit's) names the message sent to one
+    device: by_provider_msg_id gives that device's delivery (its delivery_id, its
+    state), with its record's fields, and not the record besides; an outcome for it
+    makes the record DELIVERED (derived from its devices')."""
+    rec = ids.delivery_id("order_shipped:1", "u1", "push")
+    a, b = ids.device_delivery_id(rec, "hms", "tok-a"), ids.device_delivery_id(rec, "apns", "tok-b")
+    await store.apply_outcomes([
+        outcome(State.ACCEPTED, 10.0, channel="push", delivery_id=a, devices=2, provider="hms", provider_msg_id="r-a"),
+        outcome(State.ACCEPTED, 11.0, channel="push", delivery_id=b, devices=2, provider="apns",
+                provider_msg_id="apns-b"),
+    ])
+    [row] = await store.by_provider_msg_id("r-a")
+    assert (row["delivery_id"], row["status"], row["provider"], row["provider_msg_id"]) == (a, "ACCEPTED", "hms",
+                                                                                          "r-a")
+    assert (row["biz_key"], row["user_id"], row["channel"], row["template_code"]) == (
+        "order_shipped:1", "u1", "push", "order_shipped")
+    assert await store.by_provider_msg_id("r-a", provider="apns") == []
+    # the record carries the highest device outcome's id: still one row, the device's
+    [rec_row] = await store.get(rec)
+    [row] = await store.by_provider_msg_id(rec_row["provider_msg_id"])
+    assert row["delivery_id"] in (a, b)
+    await store.apply_outcomes([outcome(State.DELIVERED, 12.0, channel="push", delivery_id=a, provider="hms",
+                                        provider_msg_id="r-a")])
+    [rec_row] = await store.get(rec)
+    assert rec_row["status"] == State.DELIVERED
+    assert {d["delivery_id"]: d["status"] for d in await store.deliveries(rec)} == {a: "DELIVERED", b: "ACCEPTED"}
+
+
 async def test_terminal_never_regresses_and_facts_beat_decisions(store):
     await store.apply_outcomes([outcome(State.FILTERED, 5.0, reason="opt_out")])
     await store.apply_outcomes([outcome(State.PENDING, 6.0), outcome(State.SCHEDULED, 7.0)])

@@ -1,6 +1,12 @@
 """``POST /v1/receipts/{provider}``: providers' delivery receipts, verified
 (signature, age, replay) and produced to ``notify.receipts``.
 
+``twilio`` and ``smsvendor`` by those names (their secrets: NOTIFY_TWILIO_AUTH_TOKEN,
+NOTIFY_VENDOR_SECRET); a provider of the config of kind sendgrid or ses, or of kind
+hms (Huawei Push Kit: its callback user name and key), by its own name, verified
+with its own settings; ``hms`` for the Push Kit simulator of ``notify run``
+(NOTIFY_HMS_RECEIPT_KEY) when no provider of that name has a kind.
+
 The verification is the adapters' (``adapters/receipts.py``,
 ``adapters/receipts_email.py``); this module takes it as an object
 (:class:`ReceiptAdapters`), so it imports nothing from ``adapters``.
@@ -11,8 +17,9 @@ The verification is the adapters' (``adapters/receipts.py``,
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from aiohttp import web
 
@@ -28,6 +35,8 @@ __all__ = ["Receipts", "ReceiptAdapters", "PROVIDERS"]
 
 PROVIDERS = ("twilio", "smsvendor")
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ReceiptAdapters:
@@ -37,23 +46,33 @@ class ReceiptAdapters:
     (``.reason``, ``.detail``, ``.field``); ``replay_guard(client, prefix=)``
     the Redis replay guard; ``email_config(providers, name)`` a sendgrid or ses
     provider's verification settings (None for other names) and
-    ``email_receipts(verifier, scheme, body, headers)`` reads its callback."""
+    ``email_receipts(verifier, scheme, body, headers)`` reads its callback;
+    ``hms_config(providers, name, simulator_key=)`` a Push Kit provider's (kind hms)
+    verifier arguments, or None, raising ``config_error`` when its callback key cannot
+    be read; ``hms_header`` the header its callbacks carry (the verifier's ``hms``
+    reads them)."""
 
     verifier: Callable[..., Any]
     rejected: type[Exception]
     replay_guard: Callable[..., Any]
     email_config: Callable[[Any, str], Any]
     email_receipts: Callable[..., Any]
+    hms_config: Optional[Callable[..., Any]] = None
+    config_error: type[Exception] = LookupError
+    hms_header: str = "X-HUAWEI-CALLBACK-ID"
 
     @classmethod
     def default(cls) -> "ReceiptAdapters":
         """The adapters' own (the API's one arrow to ``adapters``, taken when the
         application is built without ``receipts=``)."""
-        from adapters.receipts import ReceiptRejected, ReceiptVerifier, RedisReplayGuard
+        from adapters.receipts import (HMS_CALLBACK_HEADER, ReceiptRejected, ReceiptVerifier, RedisReplayGuard,
+                                       hms_receipt_config)
         from adapters.receipts_email import email_receipt_config, email_receipts
+        from config.settings import ConfigError
 
         return cls(verifier=ReceiptVerifier, rejected=ReceiptRejected, replay_guard=RedisReplayGuard,
-                   email_config=email_receipt_config, email_receipts=email_receipts)
+                   email_config=email_receipt_config, email_receipts=email_receipts,
+                   hms_config=hms_receipt_config, config_error=ConfigError, hms_header=HMS_CALLBACK_HEADER)
 
 
 class _TrackingGuard:
@@ -79,6 +98,13 @@ class Receipts(Routes):
     def __init__(self, api: Api, adapters: ReceiptAdapters) -> None:
         super().__init__(api)
         self.adapters = adapters
+        # a Push Kit provider whose callback key cannot be read: said at start, not at its first receipt
+        for name, spec in (getattr(api.settings, "providers", None) or {}).items():
+            if getattr(spec, "kind", None) == "hms" and adapters.hms_config is not None:
+                try:
+                    adapters.hms_config({name: spec}, name)
+                except adapters.config_error as exc:
+                    log.warning("receipts of provider %s will be refused (503) until this is fixed: %s", name, exc)
 
     def add_to(self, router: web.UrlDispatcher) -> None:
         router.add_post("/v1/receipts/{provider}", self.post_receipt)
@@ -88,21 +114,35 @@ class Receipts(Routes):
         api, ad = self.api, self.adapters
         assert api.writer is not None
         provider = request.match_info["provider"]
+        providers = getattr(api.settings, "providers", None) or {}
         # a [providers.<name>] of kind sendgrid or ses: its events, verified with its own settings
-        mail_cfg = ad.email_config(getattr(api.settings, "providers", None) or {}, provider)
-        if provider not in PROVIDERS and mail_cfg is None:
+        mail_cfg = ad.email_config(providers, provider)
+        # one of kind hms (Huawei Push Kit): its callback user name and key
+        hms_cfg = None
+        if mail_cfg is None and provider not in PROVIDERS and ad.hms_config is not None:
+            try:
+                hms_cfg = ad.hms_config(providers, provider, simulator_key=api.hms_receipt_key)
+            except ad.config_error as exc:  # its key's variable unset, its file unreadable: ours to fix
+                log.error("receipts of provider %s refused (503): %s", provider, exc)
+                M.receipts_rejected.labels(provider, "unavailable").inc()
+                raise api_error(503, "receipts_unavailable", "this provider's receipt credentials are not "
+                                "available; try again later") from None
+        if provider not in PROVIDERS and mail_cfg is None and hms_cfg is None:
             raise api_error(404, "unknown_provider", f"receipts are taken for {', '.join(PROVIDERS)} and the "
-                            f"providers of kind sendgrid or ses", field="provider")
+                            f"providers of kind sendgrid, ses or hms", field="provider")
         guard = _TrackingGuard(ad.replay_guard(api.client, prefix=f"{api.ns}:api:receipt-seen:"))
         conf = getattr(api.settings, "api", None)
         bounds = {} if conf is None else {"receipt_max_age": conf.receipt_max_age_s,
                                           "receipt_max_ahead": conf.receipt_max_ahead_s}
         verifier = ad.verifier(twilio_auth_token=api.twilio_auth_token, vendor_secret=api.vendor_secret,
-                               guard=guard, **bounds, **(mail_cfg["verifier"] if mail_cfg else {}))
+                               guard=guard, **bounds, **(mail_cfg["verifier"] if mail_cfg else {}),
+                               **(hms_cfg or {}))
         body = await self.read(request)
         try:
             if mail_cfg is not None:
                 receipts = await ad.email_receipts(verifier, mail_cfg["scheme"], body, request.headers)
+            elif hms_cfg is not None:
+                receipts = await verifier.hms(body, request.headers.get(ad.hms_header))
             elif provider == "twilio":
                 # the full URL Twilio called (its signature covers the query string), the
                 # raw body (a form, or JSON with bodySHA256) and the signature headers
