@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from pipeline.rules.plan import DUPLICATE
 
-__all__ = ["Records", "register"]
+__all__ = ["Records", "Unsubscribes", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,11 @@ class Records:
         self._task: Optional[asyncio.Task] = None
 
     async def add(self, outcomes: Iterable[Any]) -> None:
-        rows = [o for o in outcomes if o.reason != DUPLICATE]
+        await self.queue([o for o in outcomes if o.reason != DUPLICATE])
+
+    async def queue(self, rows: list) -> None:
+        """Queue ``rows`` to be written (a commit waits for them); waits only when
+        more than ``max_unwritten`` are queued and not written."""
         if not rows:
             return
         self.pending += rows
@@ -76,6 +80,13 @@ class Records:
         self._wakeup.set()
         if self.queued - self.written > self.max_unwritten:
             await self._until(self.queued - self.max_unwritten)
+
+    #: what the store unavailable warnings call these rows
+    what = "record"
+
+    async def apply(self, store: Any, rows: list) -> Any:
+        """Write ``rows`` in one transaction; returns the refused ``(row, why)`` pairs."""
+        return await store.apply_valid_outcomes(rows)
 
     async def flush(self) -> None:
         """Until every outcome queued before this call is written (not those queued
@@ -115,7 +126,7 @@ class Records:
         delay = 0.1
         while True:
             try:
-                refused = await self.with_store(lambda store: store.apply_valid_outcomes(rows), "record")
+                refused = await self.with_store(lambda store: self.apply(store, rows), self.what)
                 break
             except Exception:
                 # a bug, not the store being away: keep the rows (commits wait), say so loudly
@@ -127,6 +138,18 @@ class Records:
                 await self.on_refused(o, why)
             else:
                 log.error("an outcome the store refused was dropped: %s (%s)", o.delivery_id, why)
+
+
+class Unsubscribes(Records):
+    """The opt-outs agents/users.py records (``unsubscribes`` rows), written in
+    batches as the records are, a sink a commit flushes before it writes the tables'
+    changes and the offsets: an update's row is durable before its table change."""
+
+    what = "unsubscribes"
+
+    async def apply(self, store: Any, rows: list) -> Any:
+        await store.add_unsubscribes(rows)
+        return ()
 
 
 def register(app: Any) -> Records:

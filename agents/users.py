@@ -12,9 +12,12 @@ before the table changes. Replays add no second row, two ways:
   kept turns nothing off any more, so it records nothing;
 * a UNIQUE key on ``(user_id, category, channel, at)`` (pipeline/store/schema.py),
   ``at`` being the update's own broker timestamp, the same on every replay (and
-  for every consumer group): the row is written and committed here, before the
-  table is set (whose changelog goes out at the next commit), so an update read
-  again after a crash between the two finds its row and the insert is ignored.
+  for every consumer group): the row goes to a sink (agents/sink.py
+  ``Unsubscribes``, written in batches) that every commit flushes before it sends
+  the tables' changes and the offsets, so the row is durable before the table
+  change, and an update read again after a crash between the two finds its row and
+  the insert is ignored. (Awaiting one transaction per update here made a burst of
+  preference updates crawl: the fault drill's users took over 60 s to apply.)
 
 Every role keeps its own copy of the preferences table; only a worker of a role
 other than ``priority`` records (one writer is enough, and the UNIQUE key would
@@ -28,6 +31,8 @@ from pipeline import metrics
 from pipeline.entries import contained
 from pipeline.rules.preferences import apply_update, opt_outs
 
+from .sink import Unsubscribes
+
 __all__ = ["keep_newest", "register"]
 
 
@@ -39,7 +44,10 @@ def register(app: Any) -> None:
     max_devices = app.settings.channels["push"].max_devices
 
     records = app.role != "priority"
-    resources = app.resources
+    sink = None
+    if records:
+        sink = Unsubscribes(app.resources.with_store, within_s=app.settings.env.record_within_ms / 1000)
+        app.transport_hooks.sinks.append(sink)
 
     async def apply_preferences(stream):
         async for event in stream.events():
@@ -53,8 +61,7 @@ def register(app: Any) -> None:
                 if off:
                     # the message's own time: the same on a replay (see the module's doc)
                     at = float(getattr(event.message, "timestamp", 0.0) or 0.0) or time.time()
-                    rows = [(new.user_id, cat, ch, new.source, at, new.producer) for cat, ch in off]
-                    await resources.with_store(lambda store: store.add_unsubscribes(rows), "unsubscribes")
+                    await sink.queue([(new.user_id, cat, ch, new.source, at, new.producer) for cat, ch in off])
                 preferences[update.user_id] = new
 
     async def apply_devices(stream):
