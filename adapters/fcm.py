@@ -30,12 +30,18 @@ FCM has neither idempotency key nor status query: ``data.notify_id`` carries
 our delivery_id for the app to drop duplicates, and :meth:`query` answers
 ``supported=False``. A real deployment passes the service-account JSON to
 :meth:`FcmConfig.from_service_account`.
+
+Over HTTP/1.1 (``http2`` false, the default) a send goes straight through the
+aiohttp session of the adapter's client (:class:`adapters._http.Route`), the same
+request as through ``httpx.AsyncClient``; token fetches go through the client; a
+client given to the constructor, or ``http2``, sends everything through the client.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Awaitable, Callable, Mapping, Optional
 
 import httpx
 import jwt
@@ -43,7 +49,7 @@ import orjson
 
 from pipeline.models import AttemptResult, Delivery, Priority
 
-from ._http import response_json
+from ._http import Reply, Route, direct_client, json_body, response_json
 from ._token import OAuthProvider
 from .apns import split_push_address, wrong_platform
 from .base import Fault, PermanentKind, SendResult, Stopwatch, parse_retry_after
@@ -108,9 +114,24 @@ class FcmConfig:
         )
 
 
+def _send_path(config: FcmConfig) -> str:
+    return f"/v1/projects/{config.project_id}/messages:send"
+
+
 class FcmProvider(OAuthProvider):
     channel = "push"
     config: FcmConfig
+
+    def __init__(self, config: FcmConfig, *, clock: Callable[[], float] = time.time,
+                 client: Optional[httpx.AsyncClient] = None) -> None:
+        #: sends, straight through the client's transport (None: through the client)
+        route: Optional[Route] = None
+        if client is None and not config.http2:
+            client, direct = direct_client(config)
+            if direct is not None:
+                route = direct.route("POST", _send_path(config), headers={"content-type": "application/json"})
+        super().__init__(config, clock=clock, client=client)
+        self._route = route
 
     # ------------------------------------------------------------ OAuth
 
@@ -175,10 +196,18 @@ class FcmProvider(OAuthProvider):
                 latency_ms=sw.ms,
             )
         body = self.build_message(delivery)
-        path = f"/v1/projects/{self.config.project_id}/messages:send"
+        route = self._route
+        if route is not None:
+            def call(bearer: str) -> Awaitable[Reply]:
+                return route.send(json_body(body), (("authorization", f"Bearer {bearer}"),))
+        else:
+            path = _send_path(self.config)
+
+            def call(bearer: str) -> Awaitable[Reply]:
+                return self._client.post(path, json=body, headers={"authorization": f"Bearer {bearer}"})
         answer = await self.post_with_token(
             sw,
-            lambda bearer: self._client.post(path, json=body, headers={"authorization": f"Bearer {bearer}"}),
+            call,
             # a 401 about our token, not the project's third-party credentials
             lambda resp: resp.status_code == 401 and fcm_error(response_json(resp))[0] not in THIRD_PARTY_AUTH_CODES,
         )
@@ -186,7 +215,7 @@ class FcmProvider(OAuthProvider):
             return answer
         return self._map(answer, sw.ms)
 
-    def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
+    def _map(self, resp: Reply, latency_ms: float) -> SendResult:
         status = resp.status_code
         body = response_json(resp)
         if status == 200:

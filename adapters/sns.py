@@ -25,6 +25,11 @@ SNS takes no idempotency key and has no status query for SMS (delivery status
 goes to CloudWatch Logs, not to an HTTP callback): :meth:`query` answers
 ``supported=False``, and no receipts come back: a delivery through SNS stays
 ACCEPTED.
+
+A send goes straight through the aiohttp session of the adapter's client
+(:class:`adapters._http.Route`: signed per call for the URL as httpx sends it),
+the same request as through ``httpx.AsyncClient``; ``sms_attributes()`` goes
+through the client; a client given to the constructor is used as it is.
 """
 
 from __future__ import annotations
@@ -38,13 +43,14 @@ import httpx
 
 from pipeline.models import Delivery
 
-from ._http import client_for, timed_send
+from ._http import Reply, Route, direct_client, timed_send
 from .aws_sigv4 import AwsSigner, aws_error, aws_result
 from .base import PermanentKind, Provider, SendResult
 
 __all__ = ["SnsSmsConfig", "SnsSmsProvider", "publish_form"]
 
 VERSION = "2010-03-31"
+FORM_TYPE = "application/x-www-form-urlencoded; charset=utf-8"
 _MSG_ID = re.compile(rb"<MessageId>\s*([^<\s]{1,256})\s*</MessageId>")
 INVALID_CODES = frozenset({"InvalidParameter", "InvalidParameterValue", "ValidationError"})
 
@@ -86,7 +92,7 @@ def publish_form(config: SnsSmsConfig, number: str, message: str) -> list[tuple[
     return form
 
 
-def _message_id(resp: httpx.Response) -> Optional[str]:
+def _message_id(resp: Reply) -> Optional[str]:
     m = _MSG_ID.search(resp.content)
     return m.group(1).decode() if m else None
 
@@ -106,20 +112,34 @@ class SnsSmsProvider(Provider):
     def __init__(self, config: SnsSmsConfig, *, client: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client or client_for(config, config.endpoint)
+        #: sends, straight through the client's transport (None: through the client given)
+        self._route: Optional[Route] = None
+        if client is None:
+            client, direct = direct_client(config, config.endpoint)
+            if direct is not None:  # the URL as AwsSigner.request makes it
+                self._route = direct.route("POST", str(client.base_url).rstrip("/") + "/")
+        self._client = client
         self.signer = AwsSigner.for_config(config, "sns")
 
     def _request(self, form: list[tuple[str, str]]) -> httpx.Request:
         body = urlencode(form).encode()
-        return self.signer.request(self._client, "POST", "/", body=body,
-                                   headers={"content-type": "application/x-www-form-urlencoded; charset=utf-8"})
+        return self.signer.request(self._client, "POST", "/", body=body, headers={"content-type": FORM_TYPE})
 
     async def send(self, delivery: Delivery) -> SendResult:
         text = str((delivery.content or {}).get("body") or "")
+        route = self._route
+        if route is not None:
+            return await timed_send(
+                self.name, lambda: self._send(route, publish_form(self.config, delivery.address, text)), self._map)
         return await timed_send(self.name, lambda: self._client.send(
             self._request(publish_form(self.config, delivery.address, text))), self._map)
 
-    def _map(self, resp: httpx.Response, latency_ms: float) -> SendResult:
+    async def _send(self, route: Route, form: list[tuple[str, str]]) -> Reply:
+        body = urlencode(form).encode()
+        signed = self.signer.sign("POST", route.url_text, body, {"content-type": FORM_TYPE})
+        return await route.send(body, tuple(signed.items()))
+
+    def _map(self, resp: Reply, latency_ms: float) -> SendResult:
         return aws_result(self.name, resp, latency_ms, message_id=_message_id, permanent_kind=_permanent_kind)
 
     async def sms_attributes(self) -> tuple[int, dict[str, str], Optional[str], str]:

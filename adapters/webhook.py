@@ -57,6 +57,12 @@ this machine allows it explicitly: ``WebhookConfig(allow=("127.0.0.1:9000",))``
 ``NOTIFY_WEBHOOK_ALLOW=127.0.0.1:9000`` for the simulators' setup).
 
 Webhooks have no status query: :meth:`query` answers ``supported=False``.
+
+Transport: a send goes straight through the aiohttp session of the adapter's
+client (:meth:`adapters._http.Direct.send`), the same request as through
+``httpx.AsyncClient`` (its default headers and the configured ``user_agent``, the
+URL as httpx parses it, redirects not followed); a client given to the
+constructor is used as it is.
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ import orjson
 
 from pipeline.models import AttemptResult, Delivery
 
-from ._http import exception_result, make_client
+from ._http import Direct, Reply, exception_result, http1_transport, make_client
 from .base import PermanentKind, Provider, SendResult, Stopwatch, header, parse_retry_after
 
 __all__ = [
@@ -393,13 +399,20 @@ class WebhookProvider(Provider):
         self._clock = clock
         signing_key(config.secret)  # a malformed secret fails here, not on every send
         self.guard = TargetGuard(config.allow, **({"resolve": resolve} if resolve else {}))
-        self._client = client or make_client(
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            verify=config.verify,
-            max_connections=config.max_connections,
-            headers={"user-agent": config.user_agent},
-        )
+        #: sends, straight through the client's transport (None: through the client given)
+        self._direct: Optional[Direct] = None
+        if client is None:
+            transport = http1_transport(config)
+            client = make_client(
+                timeout=config.timeout,
+                connect_timeout=config.connect_timeout,
+                verify=config.verify,
+                max_connections=config.max_connections,
+                headers={"user-agent": config.user_agent},
+                transport=transport,
+            )
+            self._direct = Direct.of(client, transport)
+        self._client = client
 
     @staticmethod
     def payload(delivery: Delivery) -> bytes:
@@ -443,7 +456,11 @@ class WebhookProvider(Provider):
         headers["host"] = host if port == default_port else f"{host}:{port}"
         extensions = {"sni_hostname": host} if scheme == "https" else {}
         try:
-            resp = await self._client.post(pinned, content=body, headers=headers, extensions=extensions)
+            if self._direct is not None:  # the URL as the client would have parsed it (or refused it)
+                resp: Reply = await self._direct.send("POST", str(httpx.URL(pinned)), headers.items(), body,
+                                                      extensions.get("sni_hostname"))
+            else:
+                resp = await self._client.post(pinned, content=body, headers=headers, extensions=extensions)
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # refused before anything left
             return SendResult(AttemptResult.PERMANENT_ERROR, self.name, error=f"bad_address: {exc}"[:300],
                               permanent_kind=PermanentKind.BAD_ADDRESS, latency_ms=sw.ms)
@@ -451,7 +468,7 @@ class WebhookProvider(Provider):
             return exception_result(self.name, exc, sw.ms)
         return self._map(resp, delivery.delivery_id, sw.ms)
 
-    def _map(self, resp: httpx.Response, delivery_id: str, latency_ms: float) -> SendResult:
+    def _map(self, resp: Reply, delivery_id: str, latency_ms: float) -> SendResult:
         status = resp.status_code
         if 200 <= status < 300:
             return SendResult(AttemptResult.ACCEPTED, self.name, provider_msg_id=delivery_id, latency_ms=latency_ms)
