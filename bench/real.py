@@ -8,9 +8,11 @@ fakes answering at once), for the ratio.
 
     .venv/bin/python bench/real.py [--events 50000] [--otp-rate 20] [--markdown]
 
-Reported per run: notifications/s (the campaign's records terminal or deferred,
-over the time from its first acceptance to its last record settled; the OTPs,
-which arrive until the run ends, are not counted in it), OTP p50/p99/max from acceptance to the provider call and to the
+Reported per run: notifications/s (99% of the campaign's records over the time
+from its first acceptance until 99% of them settled, i.e. reached their first
+terminal state; the time the last one settled is shown beside it: retries end
+minutes later by design; the OTPs, which arrive until the run ends, are not
+counted in it), OTP p50/p99/max from acceptance to the provider call and to the
 terminal state, per priority the share of records terminal within 60 s of
 acceptance (quiet-hours deferrals excluded), and CPU seconds per process.
 """
@@ -162,13 +164,16 @@ def report(db: Path, elapsed: float, cpu: dict, providers: str) -> dict:
                           (SELECT min(a.started_at) FROM attempts a WHERE a.delivery_id = r.delivery_id)
                           FROM notify_record r""").fetchall()
     con.close()
-    # the rate is the campaign's: from its first acceptance to its last record settled
-    # (the OTPs arrive at a fixed rate until the end of the run and would make it the
-    # run's length); a record settles at its first terminal state (latency_ms), not at
-    # a later receipt
-    settled = [r for r in rows if r[2] in TERMINAL and r[1] != "otp"]
-    last = max((r[4] + (r[5] or 0) / 1000 for r in settled if r[4]), default=0)
+    # The rate is the campaign's (the OTPs arrive at a fixed rate until the end of the
+    # run and would make it the run's length). A record settles at its first terminal
+    # state (latency_ms), not at a later receipt. The span ends when 99% have settled:
+    # the last few are retries that end by design minutes later (a push retried until
+    # its attempts are exhausted) and would make the rate that of the retry schedule;
+    # the last settlement is reported beside it.
     first = min((r[4] for r in rows if r[4] and r[1] != "otp"), default=0)
+    ends = sorted(r[4] + r[5] / 1000 - first for r in rows if r[1] != "otp" and r[4] and r[5] is not None
+                  and r[2] in TERMINAL)
+    t99 = ends[min(len(ends) - 1, int(len(ends) * 0.99))] if ends else float("nan")
     otps = [r for r in rows if r[1] == "otp"]
     to_call = sorted((r[6] - r[4]) * 1000 for r in otps if r[6] and r[4])
     to_term = sorted(r[5] for r in otps if r[5] is not None and r[2] in ("ACCEPTED", "DELIVERED"))
@@ -177,7 +182,8 @@ def report(db: Path, elapsed: float, cpu: dict, providers: str) -> dict:
         mine = [r for r in rows if r[0] == prio and not (r[2] == "SCHEDULED")]
         ok = [r for r in mine if r[2] in TERMINAL and r[5] is not None and r[5] <= 60_000]
         within[prio] = (len(ok), len(mine))
-    return {"providers": providers, "records": len(rows), "rate": len(settled) / max(last - first, 1e-9),
+    return {"providers": providers, "records": len(rows), "rate": 0.99 * len(ends) / max(t99, 1e-9),
+            "t99": t99, "t100": ends[-1] if ends else float("nan"),
             "elapsed": elapsed, "otp_n": len(otps), "otp_call": (pct(to_call, .5), pct(to_call, .99), to_call[-1]
                                                                  if to_call else float("nan")),
             "otp_term": (pct(to_term, .5), pct(to_term, .99), to_term[-1] if to_term else float("nan")),
@@ -199,12 +205,12 @@ def main() -> None:
     ap.add_argument("--providers", default="simulators,fake", help="the runs, in order (comma-separated)")
     args = ap.parse_args()
     results = [run(p, args.events, args.users, args.otp_rate, args.timeout) for p in args.providers.split(",")]
-    print("| providers | records | notifications/s | OTPs | OTP → provider call p50 / p99 / max ms | "
+    print("| providers | records | notifications/s | 99% / all settled s | OTPs | OTP → provider call p50 / p99 / max ms | "
           "OTP → ACCEPTED/DELIVERED p50 / p99 / max ms | terminal ≤ 60 s high / normal / low |")
-    print("|---|---:|---:|---:|---|---|---|")
+    print("|---|---:|---:|---:|---:|---|---|---|")
     for r in results:
         w = " / ".join(f"{100 * a / b:.1f}%" if b else "-" for a, b in r["within"].values())
-        print(f"| {r['providers']} | {r['records']:,} | {r['rate']:,.0f} | {r['otp_n']} | "
+        print(f"| {r['providers']} | {r['records']:,} | {r['rate']:,.0f} | {r['t99']:.0f} / {r['t100']:.0f} | {r['otp_n']} | "
               f"{r['otp_call'][0]:.0f} / {r['otp_call'][1]:.0f} / {r['otp_call'][2]:.0f} | "
               f"{r['otp_term'][0]:.0f} / {r['otp_term'][1]:.0f} / {r['otp_term'][2]:.0f} | {w} |")
     if len(results) == 2:
