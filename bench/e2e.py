@@ -49,6 +49,7 @@ from pipeline.cli.mixes import make_events, make_users  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
 from pipeline.procs import stop_all, worker_env  # noqa: E402
 from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD, event_key  # noqa: E402
+from pipeline.transport import committed  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
@@ -102,17 +103,13 @@ class Lag:
         self.tps = [(t, p) for t in topics for p in range(PARTITIONS)]
 
     def total(self) -> tuple[int, int]:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.mget([self.keys.counter(t, p) for t, p in self.tps])
-        pipe.hmget(self.keys.offsets(self.group), [self.keys.tp_field(t, p) for t, p in self.tps])
-        hw, cm = pipe.execute()
+        hw = self.r.mget([self.keys.counter(t, p) for t, p in self.tps])
+        cm = committed.read_sync(self.r, self.keys, self.group, self.tps)
         return sum(int(x or 0) for x in hw), sum(int(x or 0) for x in cm)
 
     def per_topic(self) -> dict[str, tuple[int, int]]:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.mget([self.keys.counter(t, p) for t, p in self.tps])
-        pipe.hmget(self.keys.offsets(self.group), [self.keys.tp_field(t, p) for t, p in self.tps])
-        hw, cm = pipe.execute()
+        hw = self.r.mget([self.keys.counter(t, p) for t, p in self.tps])
+        cm = committed.read_sync(self.r, self.keys, self.group, self.tps)
         out: dict[str, list[int]] = {}
         for (t, _p), a, b in zip(self.tps, hw, cm):
             acc = out.setdefault(t, [0, 0])

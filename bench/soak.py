@@ -69,6 +69,7 @@ from pipeline.cli.mixes import DUPLICATES, User, make_users, mix_event  # noqa: 
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
 from pipeline.procs import stop_all, worker_env  # noqa: E402
 from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD, event_key  # noqa: E402
+from pipeline.transport import committed  # noqa: E402
 from pipeline.transport.keys import Keys  # noqa: E402
 
 GROUP = "notify"
@@ -317,10 +318,8 @@ class Sampler:
         self.con: Optional[sqlite3.Connection] = None
 
     def lag(self) -> int:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.mget([self.keys.counter(t, p) for t, p in self.tps])
-        pipe.hmget(self.keys.offsets(GROUP), [self.keys.tp_field(t, p) for t, p in self.tps])
-        hw, cm = pipe.execute()
+        hw = self.r.mget([self.keys.counter(t, p) for t, p in self.tps])
+        cm = committed.read_sync(self.r, self.keys, GROUP, self.tps)
         return sum(int(a or 0) - int(b or 0) for a, b in zip(hw, cm))
 
     def streams(self) -> list[bytes]:
@@ -579,7 +578,7 @@ def run(minutes: float, rate: float, *, workers: int = 2, n_users: int = 5000, p
             deadline = time.monotonic() + 120
             while True:
                 hw = r.mget([Keys().counter(t, p) for t, p in users_tps])
-                cm = r.hmget(Keys().offsets(GROUP), [Keys().tp_field(t, p) for t, p in users_tps])
+                cm = committed.read_sync(r, Keys(), GROUP, users_tps)
                 if sum(int(x or 0) for x in cm) >= sum(int(x or 0) for x in hw) > 0:
                     break
                 check()

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Optional
 
 from pipeline import topics as T
 from pipeline.roles import app_id, offset_peers
+from pipeline.transport import committed
 from pipeline.transport.keys import Keys
 
 __all__ = ["GROUP", "PEERS", "TopicLag", "Positions", "agent_of", "as_int", "declared_partitions", "read_positions",
@@ -149,14 +150,14 @@ def _positions_commands(keys: Keys, counts: dict[str, int], group: str,
     turning their replies into (:class:`Positions`, the replies of ``also``)."""
     groups = [group, *sorted({g for gs in PEERS.values() for g in gs} - {group})]
     order = [(t, p) for t, n in counts.items() for p in range(n)]
-    fields = [keys.tp_field(t, p) for t, p in order]
-    commands = [("hmget", (keys.offsets(g), fields)) for g in groups if fields]
+    reads = [committed.commands(keys, g, order) for g in groups]
+    commands = [c for cmds, _parse in reads for c in cmds]
     commands += [("get", (keys.counter(t, p),)) for t, p in order]
     commands += also
 
     def parse(replies: list) -> tuple[Positions, list]:
         res = iter(replies)
-        offsets = {g: {tp: as_int(v) for tp, v in zip(order, next(res) if fields else ())} for g in groups}
+        offsets = {g: {tp: as_int(v) for tp, v in zip(order, read(res))} for g, (_c, read) in zip(groups, reads)}
         highwater = {tp: as_int(next(res)) for tp in order}
         return Positions(group, dict(counts), highwater, offsets), list(res)
 

@@ -9,7 +9,8 @@ keys.py). A reader starts each partition at:
   binary search on the entries' ``t`` field, ~20 reads a partition);
 * with ``group``: where that group committed last, if it did (else ``start``).
 
-A group's offsets are kept as the pipeline's own are (``Keys.offsets('reader:<name>')``)
+A group's offsets are kept in one hash per group (``Keys.offsets('reader:<name>')``, the layout
+the workers used before docs/adr/0004; everything that reads offsets reads it too)
 and the group is registered as a reader of the topic, so the transport's trimming
 never drops what it has not read (pipeline/transport/retention.py: a reader that
 has not committed for 7 days stops holding entries back). Several readers share a

@@ -150,13 +150,15 @@ def _wait_applied(url: str, written: list, timeout: float = 15.0) -> None:
     copy of users' data) has committed past the entries ``written``, so the next
     `notify send` finds the user as set; at most ``timeout`` seconds."""
     from pipeline.roles import GROUPS
+    from pipeline.transport import committed
 
     keys, r = broker_keys(url), redis_client(url)
     groups = [g for g in GROUPS if r.exists(keys.lease(g, 0))]
     deadline = time.time() + timeout
+    tps = [(m.topic, m.partition) for m in written]
     while time.time() < deadline:
-        if all(int(r.hget(keys.offsets(g), keys.tp_field(m.topic, m.partition)) or 0) > m.offset
-               for g in groups for m in written):
+        if all((c or 0) > m.offset for g in groups
+               for m, c in zip(written, committed.read_sync(r, keys, g, tps))):
             return
         time.sleep(0.1)
 

@@ -26,7 +26,8 @@ from .keys import after_id, offset_of
 from .ownership import SlotLeases
 from .priority import MAIN, PRIORITY, priority_topics
 from .retention import READER_TTL_S, Horizons, trim_horizon, trim_partition
-from .scripts import COMMIT, SET_FENCE
+from .committed import read as read_committed
+from .scripts import COMMIT_PART, SET_COMMIT_FENCE, SET_FENCE
 from .hooks import hooks_of
 
 if TYPE_CHECKING:
@@ -150,9 +151,13 @@ class Consumer(FastDrain, base.Consumer):
 
     async def on_start(self) -> None:
         client = await self.transport.client()
-        self._commit_script = client.register_script(COMMIT)
-        self._fence_script = client.register_script(SET_FENCE)
+        self._register_scripts(client)
         await self._tick_leases()
+
+    def _register_scripts(self, client: Any) -> None:
+        self._commit_script = client.register_script(COMMIT_PART)
+        self._commit_fence_script = client.register_script(SET_COMMIT_FENCE)
+        self._fence_script = client.register_script(SET_FENCE)
 
     async def on_stop(self) -> None:
         self._cancel_reads()
@@ -264,15 +269,16 @@ class Consumer(FastDrain, base.Consumer):
             for t in topics
         }
         highwaters = await self.highwaters(*tps)
+        every = sorted({g for gs in readers.values() for g in gs})
+        pairs = [(tp.topic, tp.partition) for tp in tps]
+        by_group = {g: dict(zip(tps, await read_committed(client, keys, g, pairs))) for g in every}
         mono, trimmed = time.monotonic(), 0
         for tp in tps:
             self._horizons.observe(tp, mono, highwaters[tp])
-            field = keys.tp_field(tp.topic, tp.partition)
             groups = [g for g in readers[tp.topic] if tp not in written or g != self.app.conf.id]
-            committed = [await client.hget(keys.offsets(g), field) for g in groups]
+            committed = [by_group[g][tp] for g in groups]
             aged = self._horizons.aged(tp, mono)
-            horizon = trim_horizon((int(c) if c is not None else None for c in committed), aged) \
-                if committed else (aged if tp in written else 0)
+            horizon = trim_horizon(committed, aged) if committed else (aged if tp in written else 0)
             # never at or past the stream's end as it is now: after a rollback (AOF, a
             # failover: .integrity) a committed offset or an aged sample can be above it,
             # and the entries appended since would be deleted unread
@@ -354,7 +360,26 @@ class Consumer(FastDrain, base.Consumer):
 
     async def _reset_positions(self, tps: Set[TP]) -> None:
         self._pos = {}
+        await self._fence_commits(tps)
         await self.seek_to_committed()
+
+    async def _fence_commits(self, tps: Set[TP]) -> None:
+        """Copy this worker's fence tokens next to the commits of the partitions it
+        takes, before it reads their committed offsets: from then on no older token
+        commits them (docs/adr/0004-group-state-by-partition.md)."""
+        keys, group = self.transport.keys, self.app.conf.id
+        done: set = set()
+        for tp in sorted(tps):
+            fence = self._commit_fence(tp)
+            if fence is None or (tp.partition, fence) in done:
+                continue
+            done.add((tp.partition, fence))
+            ok = await self._commit_fence_script(
+                keys=[keys.commit_fence(group, tp.partition)],
+                args=[fence[0], fence[1], SlotLeases.generation(fence[1])],
+            )
+            if not int(ok):
+                self.on_fenced(fence[0] if isinstance(fence[0], str) else tp.partition)
 
     # -- positions ---------------------------------------------------------
 
@@ -369,7 +394,7 @@ class Consumer(FastDrain, base.Consumer):
         keys = self.transport.keys
         client = await self.transport.client()
         fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
-        own = [None if c is None else int(c) for c in await client.hmget(keys.offsets(self.app.conf.id), fields)]
+        own = await read_committed(client, keys, self.app.conf.id, [(tp.topic, tp.partition) for tp in tps])
         theirs = await self._peer_offsets(client, tps, fields)
         committed = await self._handed_over(client, tps, fields, own, theirs)
         missing = [tp for tp, c in zip(tps, committed) if c is None]
@@ -401,7 +426,8 @@ class Consumer(FastDrain, base.Consumer):
         if not groups:
             return [[] for _ in tps]
         keys = self.transport.keys
-        theirs = {g: await client.hmget(keys.offsets(g), fields) for g in groups}
+        pairs = [(tp.topic, tp.partition) for tp in tps]
+        theirs = {g: await read_committed(client, keys, g, pairs) for g in groups}
         return [
             [(g, int(theirs[g][i])) for g in peers.get(tp.topic, ()) if theirs[g][i] is not None]
             for i, tp in enumerate(tps)
@@ -490,9 +516,13 @@ class Consumer(FastDrain, base.Consumer):
         group = self.app.conf.id
         keys = self.transport.keys
         try:
-            return await rewrite_committed(
-                self._rewrite_script, keys.offsets(group), keys.group_fence(group), field, verdict, fence,
+            start = await rewrite_committed(
+                self._rewrite_script, keys.commits(group, tp.partition), keys.commit_fence(group, tp.partition),
+                field, verdict, fence,
             )
+            # the layout before ADR 0004 (read too, the larger wins) must not bring it back
+            await client.hdel(keys.offsets(group), field)
+            return start
         except ResponseError as exc:
             if not str(exc).startswith("FENCED"):
                 raise
@@ -762,10 +792,13 @@ class Consumer(FastDrain, base.Consumer):
     # -- commits -----------------------------------------------------------
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        """Commit ``offsets``: one COMMIT_PART per partition index (its offsets and
+        fence copy share a hash slot: docs/adr/0004-group-state-by-partition.md), all
+        sent at once; on a cluster each goes to its own master. True when every one
+        was written."""
         keys = self.transport.keys
         group = self.app.conf.id
-        args: list[Any] = []
-        n = 0
+        by_p: dict[int, list[Any]] = {}
         holds = self.holds
         for tp, offset in offsets.items():
             if tp not in self._assigned:
@@ -775,14 +808,20 @@ class Consumer(FastDrain, base.Consumer):
             if fence is None:
                 log.warning("not committing %s: slot no longer owned", tp)
                 return False
-            args += [keys.tp_field(tp.topic, tp.partition), offset, *fence]
-            n += 1
-        if not n:
+            by_p.setdefault(tp.partition, []).extend(
+                [keys.tp_field(tp.topic, tp.partition), offset, fence[0], fence[1], SlotLeases.generation(fence[1])])
+        if not by_p:
             return False
+        done = await asyncio.gather(*(self._commit_part(group, p, args) for p, args in sorted(by_p.items())))
+        return all(done)
+
+    async def _commit_part(self, group: str, partition: int, args: list) -> bool:
+        keys = self.transport.keys
+        ks = [keys.commits(group, partition), keys.commit_fence(group, partition)]
         delay = 0.05
         for _ in range(6):
             try:
-                await self._commit_script(keys=[keys.offsets(group), keys.group_fence(group)], args=[n] + args)
+                await self._commit_script(keys=ks, args=[len(args) // 5] + args)
                 return True
             except ResponseError as exc:
                 if str(exc).startswith("FENCED"):

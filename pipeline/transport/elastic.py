@@ -25,7 +25,6 @@ from mode import Service
 
 from .consumer import Consumer
 from .membership import GroupState, Membership
-from .scripts import COMMIT, SET_FENCE
 from .hooks import hooks_of
 
 __all__ = ["ElasticConsumer"]
@@ -74,9 +73,7 @@ class ElasticConsumer(Consumer):
     # -- lifecycle ---------------------------------------------------------
 
     async def on_start(self) -> None:
-        client = await self.transport.client()
-        self._commit_script = client.register_script(COMMIT)
-        self._fence_script = client.register_script(SET_FENCE)
+        self._register_scripts(await self.transport.client())
 
     async def on_stop(self) -> None:
         self._cancel_reads()

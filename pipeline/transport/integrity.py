@@ -90,7 +90,8 @@ def check(committed: Optional[int], end: int, first: Optional[int]) -> Verdict:
 
 #: Rewrite a group's committed offset after a rollback: compare-and-set, fenced
 #: as COMMIT (scripts.py) is, so that it never overwrites a commit it did not see.
-#: KEYS: offsets hash, group fence hash (one hash slot).  ARGV: field, expected
+#: KEYS: offsets hash, fence hash (one hash slot: the consumer passes a partition
+#: index's commits and fence copy, docs/adr/0004).  ARGV: field, expected
 #: (the committed offset the check read, '' for none), new offset, fence field,
 #: token.  Writes the offset (and ``<field>@`` = token, as COMMIT does) only if the
 #: caller's token still owns the fence field and the offset is still ``expected``.

@@ -11,7 +11,15 @@ single hash slot and the same code runs on Redis Cluster.
     <ns>:readers:<topic>      sorted set group → last seen (ms): who holds the topic's entries
     <ns>:supervisor           hash "<host>/<process>" → JSON state (pipeline/supervise.py)
     <ns>:breakers             hash "<host>/<worker>/<provider>" → JSON {state, since} (pipeline/breakers.py)
-    <ns>:{g|<group>}:offsets  hash "<topic>|<p>" → committed offset (next to read)
+    <ns>:{g|<group>|<p>}:offsets  hash "<topic>|<p>" → committed offset (next to read), and
+                              "<topic>|<p>@" → the token that wrote it: one hash per
+                              partition index, so commits spread over a cluster's masters
+                              (docs/adr/0004-group-state-by-partition.md)
+    <ns>:{g|<group>|<p>}:fence    hash fence field → token: the commit fence's copy
+                              next to those offsets (committed.py)
+    <ns>:{g|<group>}:offsets  hash "<topic>|<p>" → committed offset: the layout before
+                              ADR 0004, still read (the larger wins) and still written
+                              by analysts' readers (pipeline/reader.py)
     <ns>:{g|<group>}:lease:<slot>   owner token, expires (PX) unless renewed
     <ns>:{g|<group>}:fence    hash slot → token of the slot's current owner
     <ns>:{g|<group>}:gens     hash slot → generation counter
@@ -88,7 +96,19 @@ class Keys:
         return f"{self.ns}:{{g|{group}}}"
 
     def offsets(self, group: str) -> str:
+        """The group's committed offsets in one hash (the layout before ADR 0004)."""
         return f"{self.group(group)}:offsets"
+
+    def commit_tag(self, group: str, partition: int) -> str:
+        return f"{self.ns}:{{g|{group}|{partition}}}"
+
+    def commits(self, group: str, partition: int) -> str:
+        """The group's committed offsets of every topic's partition ``partition``."""
+        return f"{self.commit_tag(group, partition)}:offsets"
+
+    def commit_fence(self, group: str, partition: int) -> str:
+        """The copy of the group's fence tokens its commits of ``partition`` check."""
+        return f"{self.commit_tag(group, partition)}:fence"
 
     def lease(self, group: str, slot: int) -> str:
         return f"{self.group(group)}:lease:{slot}"

@@ -53,7 +53,8 @@ end
 return base
 """
 
-#: Commit offsets, fenced by slot ownership; never moves an offset backwards.
+#: Commit offsets into the group's one hash (the layout before ADR 0004; the
+#: consumer commits with COMMIT_PART), fenced by slot ownership; never moves an offset backwards.
 #: KEYS: offsets hash, group fence hash.  ARGV: n, then per tp: field, offset, slot, token.
 #: Also records the committing token in field ``<tp>@`` (audit).
 #: Returns the number of fields written, or error FENCED <slot>.
@@ -75,6 +76,52 @@ for j = 0, n - 1 do
   end
 end
 return written
+"""
+
+#: Commit offsets of one partition index (docs/adr/0004-group-state-by-partition.md),
+#: fenced by the copy of the fence tokens kept next to them; never moves an offset
+#: backwards. KEYS: the partition index's offsets hash, its fence copy (one slot).
+#: ARGV: n, then per tp: field, offset, fence field, token, the token's generation.
+#: A token is refused when the copy holds another whose generation is not lower
+#: (the new owner wrote its copy before it read the offsets); a newer one replaces
+#: the copy. Records the committing token in ``<tp>@``. Returns the number of
+#: fields written, or error FENCED <fence field>.
+COMMIT_PART = """
+local n = tonumber(ARGV[1])
+for j = 0, n - 1 do
+  local b = 2 + j * 5
+  local cur = redis.call('HGET', KEYS[2], ARGV[b + 2])
+  if cur and cur ~= ARGV[b + 3] then
+    local g = tonumber(string.match(cur, ':(%d+)$') or '0')
+    if g >= tonumber(ARGV[b + 4]) then return redis.error_reply('FENCED ' .. ARGV[b + 2]) end
+  end
+end
+local written = 0
+for j = 0, n - 1 do
+  local b = 2 + j * 5
+  local field, off, token = ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 3]
+  if redis.call('HGET', KEYS[2], ARGV[b + 2]) ~= token then redis.call('HSET', KEYS[2], ARGV[b + 2], token) end
+  local cur = tonumber(redis.call('HGET', KEYS[1], field) or '-1')
+  if off > cur then
+    redis.call('HSET', KEYS[1], field, off, field .. '@', token)
+    written = written + 1
+  end
+end
+return written
+"""
+
+#: Copy a fence token next to the commits of one partition index: the new owner,
+#: before it reads the committed offsets. Never backwards. KEYS: the fence copy.
+#: ARGV: fence field, token, its generation. 1 set (or held already), 0 a token of
+#: a generation not lower holds it.
+SET_COMMIT_FENCE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and cur ~= ARGV[2] then
+  local g = tonumber(string.match(cur, ':(%d+)$') or '0')
+  if g >= tonumber(ARGV[3]) then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
 """
 
 #: Take a slot whose lease is free. KEYS: lease, group fence, gens.

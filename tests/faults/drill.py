@@ -35,6 +35,7 @@ from pipeline.ids import delivery_id
 from pipeline.transport.keys import Keys
 from tests.pipeline.harness import PARTITIONS, Pipeline
 from tests.transport.helpers import ROOT
+from pipeline.transport import committed
 
 from .workload import Workload, devices_of, prefs_of, wire
 from pipeline.procs import stop_process
@@ -268,7 +269,7 @@ class Drill:
 
     def committed_by(self) -> dict[str, tuple[int, str]]:
         """``"<topic>|<p>"`` → (committed offset, token of the committer)."""
-        raw = {k.decode(): v.decode() for k, v in self.r.hgetall(K.offsets(GROUP)).items()}
+        raw = {k.decode(): v.decode() for k, v in committed.read_all_sync(self.r, K, GROUP).items()}
         return {f: (int(v), raw.get(f + "@", "")) for f, v in raw.items() if not f.endswith("@")}
 
 

@@ -36,6 +36,7 @@ from pipeline import topics as T
 from pipeline.ids import delivery_id
 from tests.pipeline.model import Model, User
 from tests.transport.helpers import ROOT
+from pipeline.transport import committed
 
 from .drill import DOWN_S, EVENTS, GROUP, K, LEASE_S, PARTITIONS, Drill, bad_events_dead_lettered, verify
 from .workload import make_workload, prefs_of
@@ -260,7 +261,7 @@ class _CommitWatch(threading.Thread):
         last: dict[str, tuple[int, str]] = {}
         while not self.stop_flag:
             try:
-                raw = {k.decode(): v.decode() for k, v in self.r.hgetall(K.offsets(GROUP)).items()}
+                raw = {k.decode(): v.decode() for k, v in committed.read_all_sync(self.r, K, GROUP).items()}
             except redis.RedisError:
                 time.sleep(0.1)
                 continue

@@ -16,6 +16,8 @@ from config.settings import load_settings
 from pipeline.topics import EVENTS, event_key, event_topic
 from tests.transport.helpers import ROOT, produce_async, wait_until
 from pipeline.procs import stop_all
+from pipeline.transport import committed as committed_offsets
+from pipeline.transport.keys import Keys
 
 PARTITIONS = 4
 DEFAULTS = load_settings(env={})  # the categories' priorities, as a worker's config has them
@@ -109,7 +111,7 @@ class Pipeline:
         """Entries of ``topic`` committed by the group, over all partitions."""
         r = redis.Redis.from_url(self.url)
         try:
-            offsets = r.hgetall(f"nfs:{{g|{group}}}:offsets")
+            offsets = committed_offsets.read_all_sync(r, Keys(), group)
         finally:
             r.close()
         prefix = topic.encode() + b"|"

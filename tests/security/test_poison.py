@@ -15,6 +15,8 @@ import pytest
 
 from pipeline.entries import contained
 from pipeline.topics import ALL, UNREAD
+from pipeline.transport.committed import read_sync
+from pipeline.transport.keys import Keys
 from tests.pipeline.harness import PARTITIONS, Pipeline
 from tests.security.test_stream_fuzz import dead_letters
 from tests.transport.helpers import wait_until
@@ -98,8 +100,8 @@ def test_malformed_entries_in_every_partition_are_dead_lettered_and_the_partitio
 
     # each malformed entry's offset is committed: every read partition is past it
     def committed_past() -> bool:
-        offsets = r.hgetall("nfs:{g|notify}:offsets")
-        return all(int(offsets.get(f"{t}|{p}".encode(), 0)) > off for t, p, off in where)
+        got = read_sync(r, Keys(), "notify", [(t, p) for t, p, _off in where])
+        return all((c or 0) > off for c, (_t, _p, off) in zip(got, where))
 
     wait_until(committed_past, 30, 0.2, "offsets committed past every malformed entry")
     log = pipe.log()

@@ -14,6 +14,7 @@ import pytest
 from faust.types import TP
 from redis.cluster import RedisCluster
 
+from pipeline.transport.committed import read_all_sync
 from pipeline.transport.keys import Keys
 
 from .cluster import Cluster
@@ -102,10 +103,14 @@ def test_worker_consumes_every_partition_in_order(cluster_url, rc, redis_url, re
         assert offs == list(range(len(offs)))
     committed = {
         int(f.decode().split("|")[1]): int(v)
-        for f, v in rc.hgetall(K.offsets("t")).items()
+        for f, v in read_all_sync(rc, K, "t").items()
         if f.startswith(b"numbers|") and not f.endswith(b"@")
     }
     assert committed == {p: len(offs) for p, offs in by_partition.items()}  # graceful stop commits all
+    # the commits are spread over the masters by partition index, not all on the group's
+    # (docs/adr/0004-group-state-by-partition.md), and the one-hash layout is not written
+    assert all(rc.exists(K.commits("t", p)) for p in range(P)) and not rc.exists(K.offsets("t"))
+    assert len({rc.get_node_from_key(K.commits("t", p)).port for p in range(P)}) == 3
     assert sorted(late)[P // 2] < 0.05, late  # polling would add ~100 ms (BLOCK resolution)
 
 

@@ -31,6 +31,7 @@ from redis.cluster import RedisCluster
 from tests.faults.drill import GROUP, K, Drill, verify
 from tests.faults.scenarios import _crashes
 from tests.faults.workload import make_workload
+from pipeline.transport.committed import read_all_sync
 
 from .cluster import Cluster
 
@@ -105,7 +106,7 @@ def test_master_failover_during_a_burst(tmp_path: Path, which: str):
     d.r = RedisCluster.from_url(cluster.url)
     # the harness's wait for applied preferences reads the group's offsets: from the cluster
     d.pipe.committed = lambda topic, group="notify": sum(  # type: ignore[method-assign]
-        int(v) for k, v in d.r.hgetall(K.offsets(group)).items()
+        int(v) for k, v in read_all_sync(d.r, K, group).items()
         if k.startswith(topic.encode() + b"|") and not k.endswith(b"@"))
     progress = Progress(d)
     try:

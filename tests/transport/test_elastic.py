@@ -13,7 +13,8 @@ import redis
 
 from pipeline.transport.keys import Keys
 from pipeline.transport.membership import Membership, format_group, read_group_sync
-from pipeline.transport.scripts import COMMIT, PRODUCE, SET_FENCE
+from pipeline.transport.scripts import COMMIT_PART, PRODUCE, SET_COMMIT_FENCE, SET_FENCE
+from pipeline.transport.committed import read_all_sync
 
 from .helpers import Worker, produce, wait_until
 
@@ -38,19 +39,22 @@ async def test_membership_generations_expulsion_and_fencing(redis_url):
     assert not await _assign(r, a, g1, {"a": [("x", 0)]})  # written once per generation
     g2 = await b.join(r, ["x"])
     assert g2 == 2
-    # the old owner still commits (its revoke) until the new assignment is written
-    commit = r.register_script(COMMIT)
-    ck = [K.offsets("g"), K.group_fence("g")]
-    assert await commit(keys=ck, args=[1, "x|0", 5, "x|0", "a:1"]) == 1
+    # the old owner still commits (its revoke) until the new assignment is applied
+    commit, copy = r.register_script(COMMIT_PART), r.register_script(SET_COMMIT_FENCE)
+    ck = [K.commits("g", 0), K.commit_fence("g", 0)]
+    assert await commit(keys=ck, args=[1, "x|0", 5, "x|0", "a:1", 1]) == 1
     assert not await _assign(r, a, g2, {"a": [("x", 0)], "b": [("x", 1)]})  # nobody acknowledged yet
     assert await a.ack(r, g2) == 1
     assert not await _assign(r, a, g2, {"a": [("x", 0)], "b": [("x", 1)]})  # b did not
     assert await b.ack(r, 1) == 0  # a stale generation is refused
     assert await b.ack(r, g2) == 1
     assert await _assign(r, a, g2, {"a": [("x", 0)], "b": [("x", 1)]})
+    # b applies generation 2: it copies its token next to x|1's commits before it reads them
+    ck1 = [K.commits("g", 1), K.commit_fence("g", 1)]
+    assert await copy(keys=[K.commit_fence("g", 1)], args=["x|1", "b:2", 2]) == 1
     with pytest.raises(redis.exceptions.ResponseError, match="FENCED"):
-        await commit(keys=ck, args=[1, "x|1", 7, "x|1", "a:1"])  # the old generation's token
-    assert await commit(keys=ck, args=[1, "x|1", 7, "x|1", "b:2"]) == 1
+        await commit(keys=ck1, args=[1, "x|1", 7, "x|1", "a:1", 1])  # the old generation's token
+    assert await commit(keys=ck1, args=[1, "x|1", 7, "x|1", "b:2", 2]) == 1
     st = read_group_sync(redis.Redis.from_url(redis_url), K, "g")
     assert st.gen == 2 and st.members == ["a", "b"] and st.assign_gen == 2 and st.rebalances == 2
     shown = format_group(st)  # `notify status`
@@ -60,8 +64,11 @@ async def test_membership_generations_expulsion_and_fencing(redis_url):
     await asyncio.sleep(0.5)
     status, gen, agen = await a.heartbeat(r)
     assert status == 1 and gen == 3 and agen == 2
+    # expelled: refused once x|1's next owner copied its token next to the commits, which it
+    # does before it reads them (the window before that: docs/adr/0004-group-state-by-partition.md)
+    assert await copy(keys=[K.commit_fence("g", 1)], args=["x|1", "a:3", 3]) == 1
     with pytest.raises(redis.exceptions.ResponseError, match="FENCED"):
-        await commit(keys=ck, args=[1, "x|1", 9, "x|1", "b:2"])  # expelled: refused at once
+        await commit(keys=ck1, args=[1, "x|1", 9, "x|1", "b:2", 2])
     assert (await b.heartbeat(r))[0] == -1
     assert await b.ack(r, 3) == -1
     # a changelog fence never moves back to an older generation
@@ -172,7 +179,7 @@ class AuditWatcher(threading.Thread):
     def run(self):
         last_off, last_gen = {}, {}
         while not self.stop_flag:
-            h = self.r.hgetall(K.offsets("t"))
+            h = read_all_sync(self.r, K, "t")
             for f, v in h.items():
                 if not f.startswith(self.topic + b"|"):
                     continue

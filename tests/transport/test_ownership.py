@@ -11,7 +11,8 @@ import redis
 
 from pipeline.transport.keys import Keys
 from pipeline.transport.ownership import SlotLeases
-from pipeline.transport.scripts import COMMIT, PRODUCE, SET_FENCE
+from pipeline.transport.scripts import COMMIT_PART, PRODUCE, SET_COMMIT_FENCE, SET_FENCE
+from pipeline.transport.committed import read_all_sync
 
 from .helpers import Worker, numbers, produce, seen, wait_until
 
@@ -20,7 +21,7 @@ K = Keys()
 
 def committed(r, group="t", topic="numbers"):
     out = {}
-    for f, v in r.hgetall(K.offsets(group)).items():
+    for f, v in read_all_sync(r, K, group).items():
         if f.startswith(topic.encode() + b"|") and not f.endswith(b"@"):
             out[int(f.split(b"|")[1])] = int(v)
     return out
@@ -56,10 +57,16 @@ async def test_lease_takeover_and_fencing_in_process(redis_url):
     await asyncio.sleep(0.45)  # A is "paused" past its lease
     gained, _ = await b.tick(r)
     assert gained == {0} and b.owned[0].endswith(":2")
-    commit = r.register_script(COMMIT)
+    # the new owner copies its token next to the commits before it reads them
+    # (docs/adr/0004-group-state-by-partition.md); from then on the zombie's commit is refused
+    commit, copy = r.register_script(COMMIT_PART), r.register_script(SET_COMMIT_FENCE)
+    ck = [K.commits("g", 0), K.commit_fence("g", 0)]
+    assert await copy(keys=[K.commit_fence("g", 0)], args=[0, b.owned[0], 2]) == 1
+    assert await copy(keys=[K.commit_fence("g", 0)], args=[0, a.owned[0], 1]) == 0  # never backwards
     with pytest.raises(redis.exceptions.ResponseError, match="FENCED 0"):
-        await commit(keys=[K.offsets("g"), K.group_fence("g")], args=[1, "x|0", 10, 0, a.owned[0]])
-    assert await commit(keys=[K.offsets("g"), K.group_fence("g")], args=[1, "x|0", 10, 0, b.owned[0]]) == 1
+        await commit(keys=ck, args=[1, "x|0", 10, 0, a.owned[0], 1])
+    assert await commit(keys=ck, args=[1, "x|0", 10, 0, b.owned[0], 2]) == 1
+    assert await r.hget(K.commits("g", 0), "x|0@") == b.owned[0].encode()
     # the new owner fences the changelog partition; the zombie's write is refused
     fence = r.register_script(SET_FENCE)
     assert await fence(keys=[K.fence("cl", 0)], args=[b.owned[0], 2]) == 1
@@ -149,7 +156,7 @@ def test_sigstop_zombie_cannot_commit_or_write_changelog(redis_url, redis_sync, 
             if token_b in owners:
                 after = owners[owners.index(token_b):]
                 assert set(after) == {token_b}, after
-            by = redis_sync.hget(K.offsets("t"), f"numbers|{p}@")
+            by = read_all_sync(redis_sync, K, "t").get(f"numbers|{p}@".encode())
             assert by is None or by.decode() != token_a or True  # a may have committed before the pause
         assert redis_sync.hget(K.group_fence("t"), "0").decode() == token_b
         log = a.log()
@@ -160,7 +167,7 @@ def test_sigstop_zombie_cannot_commit_or_write_changelog(redis_url, redis_sync, 
         b.stop()
     # the zombie wrote nothing after b's token appeared: check audit of commits
     for p in (0, 2):
-        by = redis_sync.hget(K.offsets("t"), f"numbers|{p}@")
+        by = read_all_sync(redis_sync, K, "t").get(f"numbers|{p}@".encode())
         assert by is not None and by.decode() == token_b
 
 

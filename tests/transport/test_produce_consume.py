@@ -11,6 +11,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from pipeline.transport import BrokerUnavailable, BrokerURLError, TopicPartitionsMismatch, Transport
 from pipeline.transport.client import connect
 from pipeline.transport.keys import Keys
+from pipeline.transport.committed import read_all_sync
 
 from .helpers import Worker, numbers, produce, produce_async, seen, wait_until
 
@@ -137,7 +138,7 @@ def test_commit_stop_restart_resumes_after_last_commit(redis_url, redis_sync, tm
     assert w.stop() == 0
     committed = {
         int(f.decode().split("|")[1]): int(v)
-        for f, v in redis_sync.hgetall(K.offsets("t")).items()
+        for f, v in read_all_sync(redis_sync, K, "t").items()
         if f.startswith(b"numbers|") and not f.endswith(b"@")
     }
     first_run = collections.Counter(p for p, _o, _v in seen(redis_sync))

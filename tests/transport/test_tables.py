@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pipeline.transport.compactor import Entry, compact_partition, plan_compaction
 from pipeline.transport.keys import Keys
+from pipeline.transport.committed import read_all_sync
 
 from .helpers import Worker, produce, wait_until
 
@@ -167,7 +168,7 @@ def test_table_writes_coalesce_per_key_until_the_commit(redis_url, redis_sync, t
     try:
         wait_until(lambda: redis_sync.llen("seen") >= 2000, 60, what="2000 processed")
         hw = {p: int(redis_sync.get(K.counter("numbers", p))) for p in range(4)}
-        wait_until(lambda: all(int(redis_sync.hget(K.offsets("t"), f"numbers|{p}") or 0) == hw[p] for p in range(4)),
+        wait_until(lambda: all(int(read_all_sync(redis_sync, K, "t").get(f"numbers|{p}".encode()) or 0) == hw[p] for p in range(4)),
                    30, what="committed")
     finally:
         assert w.stop() == 0, w.log()[-3000:]

@@ -3,6 +3,9 @@ batch size, in order, every event acknowledged once its batch is handled."""
 
 import collections
 
+from pipeline.transport.committed import read_sync
+from pipeline.transport.keys import Keys
+
 from .helpers import Worker, produce, wait_until
 
 N = 203  # a backlog of several full batches and a partial one per partition
@@ -20,7 +23,7 @@ def test_take_ready_batches_a_backlog_fully_and_a_lone_event_alone(redis_url, re
         wait_until(lambda: redis_sync.llen("batches") > len(backlog), 30, what="the lone event handled")
         lone = redis_sync.lrange("batches", len(backlog), -1)
         # every event acknowledged: the committed offset reaches the end of the stream
-        wait_until(lambda: int(redis_sync.hget("nfs:{g|t}:offsets", "batched|0") or 0) == N + 1, 30,
+        wait_until(lambda: (read_sync(redis_sync, Keys(), "t", [("batched", 0)])[0] or 0) == N + 1, 30,
                    what="every event committed")
     finally:
         assert w.stop() == 0, w.log()[-3000:]
