@@ -164,20 +164,13 @@ def _positions_commands(keys: Keys, counts: dict[str, int], group: str,
     return commands, parse
 
 
-def _pipeline(client: Any, commands: list[tuple[str, tuple]]) -> Any:
-    pipe = client.pipeline(transaction=False)
-    for name, args in commands:
-        getattr(pipe, name)(*args)
-    return pipe
-
-
 async def read_positions(client: Any, keys: Keys, counts: dict[str, int], group: str = GROUP,
                          also: Iterable[tuple[str, tuple]] = ()) -> tuple[Positions, list]:
     """Highwater and committed offsets of ``counts``' partitions (topic -> partitions)
     in one pipeline round trip; ``also``: more commands (name, args) for the same
     round trip, whose replies come back as the second item."""
     commands, parse = _positions_commands(keys, counts, group, list(also))
-    return parse(await _pipeline(client, commands).execute())
+    return parse(await committed.pipeline_of(client, commands).execute())
 
 
 def read_positions_sync(client: Any, keys: Keys, counts: dict[str, int], group: str = GROUP,
@@ -185,7 +178,7 @@ def read_positions_sync(client: Any, keys: Keys, counts: dict[str, int], group: 
     """:func:`read_positions` with a synchronous client (``notify status``:
     pipeline/transport/client.py ``sync_client``)."""
     commands, parse = _positions_commands(keys, counts, group, list(also))
-    return parse(_pipeline(client, commands).execute())
+    return parse(committed.pipeline_of(client, commands).execute())
 
 
 async def oldest_ages(client: Any, keys: Keys, lagging: dict[TP, int], now: Optional[float] = None) -> dict[TP, float]:
@@ -196,7 +189,7 @@ async def oldest_ages(client: Any, keys: Keys, lagging: dict[TP, int], now: Opti
     ages: dict[TP, float] = {}
     if not lagging:
         return ages
-    pipe = _pipeline(client, [("xrange", (keys.stream(topic, p), b"%d-1" % cm, "+", 1))
+    pipe = committed.pipeline_of(client, [("xrange", (keys.stream(topic, p), b"%d-1" % cm, "+", 1))
                               for (topic, p), cm in lagging.items()])
     for tp, entries in zip(lagging, await pipe.execute()):
         if entries:

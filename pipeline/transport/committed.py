@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from .keys import Keys
 
-__all__ = ["commands", "read", "read_sync", "read_all_sync", "combine"]
+__all__ = ["commands", "read", "read_sync", "read_all_sync", "combine", "pipeline_of"]
 
 TP = tuple[str, int]
 
@@ -74,7 +74,9 @@ def commands(keys: Keys, group: str, tps: Sequence[TP]) -> tuple[list[tuple[str,
     return cmds, parse
 
 
-def _pipeline(client: Any, cmds: Iterable[tuple[str, tuple]]) -> Any:
+def pipeline_of(client: Any, cmds: Iterable[tuple[str, tuple]]) -> Any:
+    """A non-transactional pipeline of the commands (name, args): one round trip
+    (on a cluster, one per node)."""
     pipe = client.pipeline(transaction=False)
     for name, args in cmds:
         getattr(pipe, name)(*args)
@@ -87,7 +89,7 @@ async def read(client: Any, keys: Keys, group: str, tps: Sequence[TP]) -> list[O
     if not tps:
         return []
     cmds, parse = commands(keys, group, tps)
-    return [_int(v) for v in parse(iter(await _pipeline(client, cmds).execute()))]
+    return [_int(v) for v in parse(iter(await pipeline_of(client, cmds).execute()))]
 
 
 def read_sync(client: Any, keys: Keys, group: str, tps: Sequence[TP]) -> list[Optional[int]]:
@@ -95,7 +97,7 @@ def read_sync(client: Any, keys: Keys, group: str, tps: Sequence[TP]) -> list[Op
     if not tps:
         return []
     cmds, parse = commands(keys, group, tps)
-    return [_int(v) for v in parse(iter(_pipeline(client, cmds).execute()))]
+    return [_int(v) for v in parse(iter(pipeline_of(client, cmds).execute()))]
 
 
 def read_all_sync(client: Any, keys: Keys, group: str, partitions: Optional[int] = None) -> dict:
@@ -107,7 +109,7 @@ def read_all_sync(client: Any, keys: Keys, group: str, partitions: Optional[int]
     if partitions is None:
         counts = [_int(v) or 0 for v in client.hvals(keys.topics)]
         partitions = max(counts + [64])
-    pipe = _pipeline(client, [("hgetall", (keys.commits(group, p),)) for p in range(partitions)]
+    pipe = pipeline_of(client, [("hgetall", (keys.commits(group, p),)) for p in range(partitions)]
                      + [("hgetall", (keys.offsets(group),))])
     out: dict = {}
     for h in pipe.execute():
