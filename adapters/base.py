@@ -174,6 +174,12 @@ class Provider(abc.ABC):
     async def send(self, delivery: Delivery) -> SendResult:
         """Send one delivery; never raises for provider or network errors."""
 
+    @property
+    def status_query(self) -> bool:
+        """Whether :meth:`query` can tell DELIVERED from ACCEPTED (the provider has a
+        status endpoint): the receipt polls (agents/polls.py) ask only these."""
+        return type(self).query is not Provider.query
+
     async def query(self, delivery_id: str, provider_msg_id: Optional[str] = None) -> QueryResult:
         """Reconcile: does the provider have the message sent under ``delivery_id``?
 

@@ -81,6 +81,10 @@ class FakeProvider(Provider):
             return result(AttemptResult.TIMEOUT_UNKNOWN, error="read timeout after send")
         return result(AttemptResult.ACCEPTED, provider_msg_id=msg_id)
 
+    @property
+    def status_query(self) -> bool:
+        return self.query_supported
+
     async def query(self, delivery_id: str, provider_msg_id: Optional[str] = None) -> QueryResult:
         if not self.query_supported:
             return QueryResult(False, status=QueryStatus.NOT_FOUND, supported=False, provider=self.name)

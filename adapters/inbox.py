@@ -27,6 +27,9 @@ class InboxProvider(Provider):
     async def send(self, delivery: Delivery) -> SendResult:
         return SendResult(AttemptResult.ACCEPTED, self.name, provider_msg_id=delivery.delivery_id, latency_ms=0.0)
 
+    #: its deliveries are DELIVERED when written: no receipt to poll for
+    status_query = False
+
     async def query(self, delivery_id: str, provider_msg_id: Optional[str] = None) -> QueryResult:
         # the inbox never times out; whatever the sink wrote is the answer
         return QueryResult(True, delivery_id, QueryStatus.ACCEPTED, provider=self.name)

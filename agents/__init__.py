@@ -6,7 +6,9 @@
     scheduler  notify.timers   → intents / lanes when due
     sink       (no stream) the outcomes every agent sends → SQLite record store
     receipts   notify.receipts → DELIVERED / UNDELIVERED
-    callbacks  notify.outcomes → producers' status callbacks (signed POSTs, retried)
+    polls      (a timer) the records still ACCEPTED receipt_poll_s after the send → the provider's status query
+    callbacks  notify.callbacks (the outcomes of events with a callback target) → producers'
+               status callbacks (signed POSTs, retried)
     pressure   (a timer) how far behind the lanes are → the guard's backpressure
     releases   (a timer) the gray releases set through the API → the guard
     preferences, devices       → the user tables
@@ -20,7 +22,7 @@ the agents of the app's role (pipeline/roles.py) onto an app built by
 from dataclasses import dataclass
 from typing import Any
 
-from . import callbacks, emit, expand, guard, lanes, pressure, receipts, releases, scheduler, sink, users
+from . import callbacks, emit, expand, guard, lanes, polls, pressure, receipts, releases, scheduler, sink, users
 
 __all__ = ["Parts", "register_agents"]
 
@@ -37,6 +39,7 @@ class Parts:
     lanes: lanes.Lanes
     receipts: receipts.Receipts
     scheduler: scheduler.Scheduler
+    polls: polls.Polls
 
 
 def register_agents(app: Any) -> Parts:
@@ -53,9 +56,10 @@ def register_agents(app: Any) -> Parts:
     x = expand.register(app, out, g, cb)
     ln = lanes.register(app, out)
     users.register(app)
-    rc = receipts.register(app, out)
+    rc = receipts.register(app, out, cb)
     sch = scheduler.register(app, out, rc)
+    pl = polls.register(app, out, cb)
     app.task(app.resources.warm_up)  # the providers built before the first delivery, not by it
     app.parts = Parts(records=records, emit=out, pressure=press, releases=rel, callbacks=cb, guard=g, expand=x,
-                      lanes=ln, receipts=rc, scheduler=sch)
+                      lanes=ln, receipts=rc, scheduler=sch, polls=pl)
     return app.parts

@@ -9,9 +9,16 @@ message model's ``callbackUrl``; issue 27, item 1.
 
 Two parts, neither in the way of a delivery:
 
-* the agent ``callbacks`` reads ``notify.outcomes`` (no other agent does: its
-  own committed offsets, its own partitions' pauses; the transport's trimming
-  keeps what it has not committed), takes what is ready, finds each event's
+* the agent ``callbacks`` reads ``notify.callbacks``: the outcomes of the events
+  that have a callback target, and only those. Expand marks an event's intents
+  (``callback``: the event names a URL or its producer has a default,
+  :meth:`Callbacks.wanted`), its deliveries and outcomes carry the mark, and
+  :meth:`agents.emit.Emit.outcomes` sends a marked outcome on that stream beside
+  ``notify.outcomes`` (a receipt's outcome is marked by looking its event up,
+  :meth:`Callbacks.wanted_keys`). So the outcomes of the events nobody asked to
+  hear of are never read back (before, this agent read every outcome: a fifth of
+  a main worker's CPU per record, bench/RESULTS.md "real: what the default
+  configuration costs"). The agent takes what is ready, finds each event's
   target (one ``MGET`` a take: the URL expand wrote for the event, else the
   producer's default from the key file), and adds the changes to the durable
   callback set in the broker (pipeline/callback_queue.py), grouped per event. It
@@ -60,13 +67,13 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from adapters.callbacks import CallbackSender, PostResult
 from pipeline.callback_queue import CallbackQueue, Claimed
-from pipeline.entries import guarded_topic, send_dead_letter
+from pipeline.entries import send_dead_letter
 from pipeline.keyfile import ProducerCallbacks
 from pipeline.models import Event, State
 from pipeline.redact import mask_url
 from pipeline.rules import callbacks as rules
 from pipeline.take import take_ready
-from pipeline.topics import OUTCOMES
+from pipeline.topics import CALLBACKS
 from pipeline.transport.client import TRANSIENT_ERRORS, connect
 
 log = logging.getLogger(__name__)
@@ -159,6 +166,24 @@ class Callbacks:
             if self._queue is None:
                 self._queue = CallbackQueue(client, self.app.transport.keys.ns)
         return self._queue
+
+    def wanted(self, ev: Event) -> bool:
+        """Whether ``ev``'s state changes are POSTed: it names a callback URL, or its
+        producer has a default (expand sets the intents' ``callback`` by it, so only
+        these changes go on notify.callbacks). A producer's default applies to the
+        events expanded after it was set."""
+        return self.cfg.enabled and bool(ev.callback_url or self.producers.default_url(ev.producer))
+
+    async def wanted_keys(self, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of the events ``(producer, biz_key)`` have a callback target, for the
+        changes made where no intent or delivery carries the flag (a provider's receipt,
+        matched to its record): one ``MGET`` for the events' own URLs."""
+        keys = list(dict.fromkeys(keys))
+        if not self.cfg.enabled or not keys:
+            return set()
+        q = await self.queue()
+        urls = await _patiently(lambda: q.targets(keys), "read the events' callback targets")
+        return {k for k, url in zip(keys, urls) if url or self.producers.default_url(k[0])}
 
     async def remember(self, ev: Event) -> None:
         """An event's own callback URL, for the outcomes to come (expand, before it plans
@@ -320,11 +345,10 @@ class Callbacks:
 
 
 def register(app: Any) -> Callbacks:
-    """The callbacks agent (reading notify.outcomes) and its sender, where the role
+    """The callbacks agent (reading notify.callbacks) and its sender, where the role
     reads that topic (pipeline/roles.py), when ``[callbacks] enabled``."""
     cb = Callbacks(app)
-    if cb.cfg.enabled and app.runs(OUTCOMES):
-        outcomes_raw = guarded_topic(app, OUTCOMES, dlq=app.declared.dlq)
-        app.agent(outcomes_raw, name="callbacks")(cb.callbacks)
+    if cb.cfg.enabled and app.runs(CALLBACKS):
+        app.agent(app.declared.callbacks, name="callbacks")(cb.callbacks)
         app.task(cb.run_sender)
     return cb

@@ -19,6 +19,7 @@ class Emit:
         self.records = records
         t = app.declared
         self.outcomes_topic, self.timers_topic, self.dlq_topic = t.outcomes, t.timers, t.dlq
+        self.callbacks_topic = t.callbacks
         self.lane_topics = t.lanes
 
     async def send(self, topic: Any, key: str, value: Any) -> None:
@@ -32,13 +33,20 @@ class Emit:
         await self.app.producer.send_record(topic.get_topic_name(), key.encode(), value.dumps())
 
     async def outcomes(self, items: Iterable[Outcome]) -> None:
-        """Publish on notify.outcomes, and write the records (agents/sink.py)."""
+        """Publish on notify.outcomes, and write the records (agents/sink.py). A change
+        its producer hears of (``callback``: its event has a callback target) is sent on
+        notify.callbacks too, the one stream the callbacks agent reads: the outcomes of
+        events without one are never read back."""
         items = list(items)
         for o in items:
             metrics.outcomes.labels(o.state, o.reason or "").inc()
             if o.latency_ms and first_terminal(o):
                 metrics.to_terminal.labels(o.priority).observe(o.latency_ms / 1000.0)
-            await self.send(self.outcomes_topic, o.user_id, o)
+            data = o.dumps()
+            key = o.user_id.encode()
+            await self.app.producer.send_record(self.outcomes_topic.get_topic_name(), key, data)
+            if o.callback:
+                await self.app.producer.send_record(self.callbacks_topic.get_topic_name(), key, data)
         if items:
             await self.records.add(items)
 

@@ -63,6 +63,7 @@ class Expand:
             return
         if ev.callback_url:  # where its outcomes are POSTed (agents/callbacks.py), known before the first one
             await self.callbacks.remember(ev)
+        callback = self.callbacks.wanted(ev)
         accepted = ev.accepted_at or event.message.timestamp or time.time()
         priority = ev.priority or settings.category(ev.category).priority
         out = app.declared.intents[priority]
@@ -81,6 +82,7 @@ class Expand:
                 send_at=ev.send_at,
                 accepted_at=accepted,
                 producer=ev.producer,
+                callback=callback,
             )
             partition = guard.plans_here(priority, user)
             if partition is None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pipeline import clock, metrics
-from pipeline.models import Attempt, Delivery, DeviceUpdate, State, Timer
+from pipeline.models import Attempt, Delivery, DeviceUpdate, State
 from pipeline.rules.attempts import after_query, after_send, superseded
 from pipeline.rules.channels import is_unsubscribed
 from pipeline.rules.plan import outcome
@@ -52,7 +52,6 @@ class Step:
     remove_token: Optional[str] = None
     remove_at: Optional[float] = None  # when the provider learnt the token was dead (APNs 410); None: now
     inbox: Optional[InboxItem] = None
-    poll: Optional[str] = None  # provider to ask for a receipt later
     state: str = State.PENDING
     attempts_made: int = 0
 
@@ -164,8 +163,6 @@ class Lanes:
                 out.remove_at = r.unregistered_at
             if nxt.state == State.ACCEPTED and d.channel == "inbox":
                 out.inbox = _inbox_item(d, now)
-            elif nxt.state == State.ACCEPTED and self.app.settings.receipt_poll_s:
-                out.poll = r.provider
         return out
 
     async def contained_step(self, d: Delivery, disp, fate_unknown: bool) -> Step:
@@ -191,14 +188,10 @@ class Lanes:
             await inbox.add(s.inbox)
             s.outcomes.append(outcome(d, d.channel, State.DELIVERED, time.time(), reason="in_inbox",
                                       provider="inbox", provider_msg_id=d.delivery_id, retry_count=s.attempts_made))
-        emit, settings = self.emit, self.app.settings
+        emit = self.emit
         await emit.outcomes(s.outcomes)
         if s.retry is not None:
             await emit.retry(s.retry)
-        if s.poll:
-            await emit.timer(d.user_id, Timer(
-                timer_id=f"{d.delivery_id}:poll", due_at=clock.now() + settings.receipt_poll_s, kind="poll",
-                payload={"user_id": d.user_id, "delivery": d.asdict(), "provider": s.poll}))
         if s.dead_letter:
             await emit.dead_letter("lane", s.dead_letter, d.dumps(), key=d.delivery_id)
         if s.remove_token:

@@ -23,8 +23,8 @@ from typing import Any
 
 from pipeline import clock
 from pipeline.entries import contained
-from pipeline.models import Outcome, Preferences, Receipt, State, Timer
-from pipeline.rules.receipts import split_by_provider
+from pipeline.models import Preferences, Receipt, State, Timer
+from pipeline.rules.receipts import record_outcome, split_by_provider
 
 __all__ = ["Receipts", "register"]
 
@@ -34,9 +34,10 @@ log = logging.getLogger(__name__)
 
 
 class Receipts:
-    def __init__(self, app: Any, emit: Any) -> None:
+    def __init__(self, app: Any, emit: Any, callbacks: Any) -> None:
         self.app = app
         self.emit = emit
+        self.callbacks = callbacks
 
     async def receipts(self, stream):
         dlq = self.app.declared.dlq
@@ -64,15 +65,11 @@ class Receipts:
                 await emit.dead_letter("receipts", "unmatched_receipt", r.dumps(), key=r.provider_msg_id)
             return
         state = State.DELIVERED if r.status == "DELIVERED" else State.UNDELIVERED
+        heard = await self.callbacks.wanted_keys([(row.get("producer") or "", row["biz_key"]) for row in rows])
         for row in rows:
-            await emit.outcomes([Outcome(
-                delivery_id=row["delivery_id"], notification_id=row["notification_id"], biz_key=row["biz_key"],
-                user_id=row["user_id"], channel=row["channel"], category=row.get("category") or "",
-                template=row.get("template_code") or "", priority=row.get("priority") or "", state=state,
-                at=r.at or time.time(), reason=r.error, provider=r.provider, provider_msg_id=r.provider_msg_id,
-                accepted_at=row.get("accepted_at") or 0.0, producer=row.get("producer") or "",
-                pref_version=row.get("pref_version") or 0,
-            )])
+            await emit.outcomes([record_outcome(
+                row, state, r.at or time.time(), reason=r.error, provider=r.provider,
+                provider_msg_id=r.provider_msg_id, callback=(row.get("producer") or "", row["biz_key"]) in heard)])
         if r.opt_out:
             await self.opt_out(r, rows)
 
@@ -90,8 +87,8 @@ class Receipts:
                 producer=row.get("producer") or ""))
 
 
-def register(app: Any, emit: Any) -> Receipts:
-    r = Receipts(app, emit)
+def register(app: Any, emit: Any, callbacks: Any) -> Receipts:
+    r = Receipts(app, emit, callbacks)
     if app.runs(app.declared.receipts):
         app.agent(app.declared.receipts, name="receipts")(r.receipts)
     return r

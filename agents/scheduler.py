@@ -1,5 +1,5 @@
 """scheduler: durable timers for deferred intents (quiet hours, send_at) and
-retried deliveries, receipt polls and receipts waiting for their record.
+retried deliveries, and receipts waiting for their record.
 
 Timers arrive on notify.timers (keyed by user_id) and are kept in the changelog-
 backed ``timers`` table, so they survive restarts and move with the partition.
@@ -17,7 +17,8 @@ owner), and for each:
   tombstone each on the table's changelog): a removal is never durable before
   the payload it stands for. A crash in between fires the timer again after
   the restart, which the guard (dedup) and the lanes (inflight marks) absorb;
-* ``poll`` / ``receipt`` (a provider query, a record lookup): handed to
+* ``poll`` / ``receipt`` (a provider query, a record lookup; ``poll`` timers are
+  those of workers from before the receipt polls swept the store, agents/polls.py): handed to
   :data:`ASYNC_WORKERS` tasks, so a slow provider never holds the pass nor the
   agent; each timer is removed once its work is done.
 

@@ -61,6 +61,7 @@ class Topics:
     events: list  # raw bytes: expand validates the events itself
     intents: dict  # priority → topic
     outcomes: Any
+    callbacks: Any  # raw bytes: the callbacks agent reads the outcomes itself
     timers: Any
     receipts: Any
     preferences: Any
@@ -79,6 +80,7 @@ class Topics:
             events=[guarded_topic(app, name, dlq=dlq) for name in (T.EVENTS, T.EVENTS_HIGH)],
             intents={p: checked(T.intents(p), Intent) for p in Priority.ALL},
             outcomes=checked(T.OUTCOMES, Outcome),
+            callbacks=guarded_topic(app, T.CALLBACKS, dlq=dlq),
             timers=checked(T.TIMERS, Timer),
             receipts=checked(T.RECEIPTS, Receipt),
             preferences=checked(T.PREFERENCES, Preferences),

@@ -118,6 +118,9 @@ class Intent(_Record):
     producer: str = ""
     #: times backpressure deferred it (pipeline/rules/backpressure.py)
     deferrals: int = 0
+    #: its event's state changes are POSTed to a producer (agents/callbacks.py): set by
+    #: expand, carried by its deliveries and outcomes
+    callback: bool = False
     v: int = SCHEMA_VERSION
 
 
@@ -152,6 +155,8 @@ class Delivery(_Record):
     #: to (its record's deliveries, docs/SCHEMA.md "Push to every device"); 0 = a
     #: delivery of the whole channel
     devices: int = 0
+    #: its event's state changes are POSTed to a producer (the intent's ``callback``)
+    callback: bool = False
     v: int = SCHEMA_VERSION
 
 
@@ -202,6 +207,9 @@ class Outcome(_Record):
     #: an outcome of a push to one device (``delivery_id`` is that device's delivery):
     #: how many devices the notification went to; 0 = of the whole channel
     devices: int = 0
+    #: this change is also sent on notify.callbacks, for the producer's status callback
+    #: (agents/callbacks.py); the outcome stream's readers may ignore it
+    callback: bool = False
     v: int = SCHEMA_VERSION
 
 

@@ -9,6 +9,7 @@ EVENTS = "notify.events"  # raw producer bytes, key biz_key
 EVENTS_HIGH = "notify.events.high"  # the same, for high-priority categories (the API writes them here)
 INTENTS = "notify.intents"  # prefix: notify.intents.<priority>, Intent, key user_id
 OUTCOMES = "notify.outcomes"  # Outcome, key user_id: every state change
+CALLBACKS = "notify.callbacks"  # Outcome, key user_id: the changes a producer hears of (Outcome.callback)
 TIMERS = "notify.timers"  # Timer, key user_id: delayed and retried work
 RECEIPTS = "notify.receipts"  # Receipt, key provider_msg_id
 DLQ = "notify.dlq"  # DeadLetter
@@ -66,5 +67,5 @@ PRIORITY = frozenset([EVENTS_HIGH, intents("high")] + [lane(c, "high") for c in 
 #: agents/sink.py). No consumer lag to watch, only depth.
 UNREAD = frozenset([DLQ, OUTCOMES])
 
-USER_KEYED = INTENT_TOPICS + [OUTCOMES, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
+USER_KEYED = INTENT_TOPICS + [OUTCOMES, CALLBACKS, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
 ALL = [EVENTS, EVENTS_HIGH, RECEIPTS, DLQ] + USER_KEYED

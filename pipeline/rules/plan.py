@@ -90,6 +90,7 @@ def outcome(src: Any, channel: str, state: str, now: float, **kw: Any) -> Outcom
         pref_version=getattr(src, "pref_version", 0),
         template_version=getattr(src, "template_version", 0),
         devices=getattr(src, "devices", 0),
+        callback=getattr(src, "callback", False),
         **kw,
     )
 
@@ -300,6 +301,7 @@ def _plan(intent: Intent, settings: Any, renderer: Any, prefs: Any, devices: Opt
             accepted_at=intent.accepted_at,
             producer=intent.producer,
             template_version=tv,
+            callback=intent.callback,
         )
         if channel == "push":
             cap = settings.channels["push"].max_devices

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["split_by_provider"]
+from pipeline.models import Outcome
+
+__all__ = ["split_by_provider", "record_outcome"]
 
 
 def split_by_provider(provider: str, rows: Sequence[Mapping[str, Any]]) -> tuple[list, list]:
@@ -23,3 +25,17 @@ def split_by_provider(provider: str, rows: Sequence[Mapping[str, Any]]) -> tuple
     mine = [r for r in rows if r.get("provider") == provider]
     others = [r for r in rows if r.get("provider") != provider]
     return mine, others
+
+
+def record_outcome(row: Mapping[str, Any], state: str, at: float, **kw: Any) -> Outcome:
+    """The outcome ``state`` of the delivery a record ``row`` (the store's columns)
+    stands for: what a receipt or a receipt poll decides, where no delivery record
+    of the pipeline is at hand. ``kw``: the outcome's other fields (reason, provider,
+    provider_msg_id, callback)."""
+    return Outcome(
+        delivery_id=row["delivery_id"], notification_id=row["notification_id"], biz_key=row["biz_key"],
+        user_id=row["user_id"], channel=row["channel"], category=row.get("category") or "",
+        template=row.get("template_code") or "", priority=row.get("priority") or "", state=state, at=at,
+        accepted_at=row.get("accepted_at") or 0.0, producer=row.get("producer") or "",
+        pref_version=row.get("pref_version") or 0, **kw,
+    )

@@ -50,6 +50,13 @@ Tables
     write path — ``add_inbox``, ``mark_read``, a retention ``DELETE`` — keeps it
     equal to the number of unread rows, inside the same transaction.
 
+``receipt_polls``
+    How far the receipt polls went (agents/polls.py): one row, the ``(sent_at,
+    delivery_id)`` of the last ACCEPTED record looked at; the records after it that
+    are still ACCEPTED ``receipt_poll_s`` after ``sent_at`` are asked about next
+    (through the partial index ``ix_record_awaiting``, which holds the ACCEPTED
+    records only).
+
 ``clicks`` / ``reads`` / ``unsubscribes``
     Tracking (docs/SCHEMA.md "Tracking"): every click on a rewritten link
     (``delivery_id`` of the record, the link's index and target, time, a hash
@@ -202,6 +209,18 @@ CREATE UNIQUE INDEX IF NOT EXISTS ux_unsubscribes_once ON unsubscribes (user_id,
 """
 _OBJECTS += ("clicks", "ix_clicks_delivery", "reads", "unsubscribes", "ix_unsubscribes_user", "ix_unsubscribes_at",
              "ux_unsubscribes_once")
+# receipt polls (agents/polls.py): the records a provider took and whose receipt has
+# not come, oldest first (a partial index: a record leaves it with its receipt), and
+# how far the polls have gone (one row)
+_SCHEMA += """
+CREATE INDEX IF NOT EXISTS ix_record_awaiting ON notify_record (sent_at, delivery_id) WHERE status = 'ACCEPTED';
+CREATE TABLE IF NOT EXISTS receipt_polls (
+    id          INTEGER PRIMARY KEY CHECK (id = 0),
+    sent_at     REAL NOT NULL,
+    delivery_id TEXT NOT NULL
+);
+"""
+_OBJECTS += ("ix_record_awaiting", "receipt_polls")
 # a push's deliveries, one per device, under its one record (devices.py)
 _SCHEMA += devices.SCHEMA
 _OBJECTS += devices.OBJECTS
@@ -301,7 +320,7 @@ _INSERT_ATTEMPT = (
 
 #: notify_record's indexes, dropped before the table is rebuilt (the schema makes them again)
 _RECORD_INDEXES = ("ux_record_delivery", "ix_record_notification", "ix_record_provider_msg",
-                   "ix_record_user", "ix_record_created")
+                   "ix_record_user", "ix_record_created", "ix_record_awaiting")
 
 
 def _rebuild_sql(keep: str) -> str:

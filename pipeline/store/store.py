@@ -576,6 +576,34 @@ class RecordStore:
         )
         return [dict(r) for r in rows]
 
+    async def awaiting_receipts(self, after: tuple[float, str], until: float, providers: Sequence[str],
+                                limit: int) -> list[dict[str, Any]]:
+        """Records still ACCEPTED (no receipt yet) through one of ``providers``, sent
+        after the cursor ``after`` (``(sent_at, delivery_id)``) and at or before
+        ``until``, oldest first, at most ``limit`` (agents/polls.py)."""
+        if not providers:
+            return []
+        marks = ", ".join("?" * len(providers))
+        rows = await self._read(
+            f"SELECT {_RECORD_SELECT} FROM notify_record INDEXED BY ix_record_awaiting"
+            f" WHERE status = 'ACCEPTED' AND sent_at <= ? AND (sent_at, delivery_id) > (?, ?)"
+            f" AND provider IN ({marks}) ORDER BY sent_at, delivery_id LIMIT ?",
+            (until, after[0], after[1], *providers, limit))
+        return [dict(r) for r in rows]
+
+    async def poll_cursor(self) -> Optional[tuple[float, str]]:
+        """How far the receipt polls went (None: never polled)."""
+        rows = await self._read("SELECT sent_at, delivery_id FROM receipt_polls WHERE id = 0")
+        return (float(rows[0][0]), str(rows[0][1])) if rows else None
+
+    async def set_poll_cursor(self, cursor: tuple[float, str]) -> None:
+        async def work(db: aiosqlite.Connection) -> None:
+            await db.execute("INSERT INTO receipt_polls (id, sent_at, delivery_id) VALUES (0, ?, ?)"
+                             " ON CONFLICT (id) DO UPDATE SET sent_at = excluded.sent_at,"
+                             " delivery_id = excluded.delivery_id", cursor)
+
+        await self._write(work)
+
     async def by_provider_msg_id(
         self, provider_msg_id: str, provider: Optional[str] = None
     ) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ import fcntl
 import os
 from typing import Optional
 
-__all__ = ["WriteTurn"]
+__all__ = ["WriteTurn", "SoleTurn"]
 
 
 class WriteTurn:
@@ -66,5 +66,33 @@ class WriteTurn:
         pool, fd, self._pool, self._fd = self._pool, self._fd, None, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        if fd is not None:
+            os.close(fd)
+
+
+class SoleTurn:
+    """A job one process per database does (the receipt polls, agents/polls.py):
+    :meth:`take` holds ``<database>.<name>`` (``flock``, not waiting) for as long as
+    the process lives, or says another process holds it. The kernel drops a dead
+    process's lock, so another worker takes the job over on its next try."""
+
+    def __init__(self, db_path: str, name: str) -> None:
+        self.path = f"{db_path}.{name}"
+        self._fd: Optional[int] = None
+
+    def take(self) -> bool:
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)

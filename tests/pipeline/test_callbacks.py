@@ -183,15 +183,16 @@ class Receiver:
         return out
 
 
-def _outcome_ids(url: str, biz_keys: set, partitions: int) -> dict[str, set]:
-    """biz_key → the change ids its outcomes make, from the outcome stream itself."""
+def _outcome_ids(url: str, biz_keys: set, partitions: int, topic: str = "notify.outcomes") -> dict[str, set]:
+    """biz_key → the change ids its outcomes make, from the outcome stream itself
+    (or from ``topic``)."""
     r = redis.Redis.from_url(url)
     out: dict[str, set] = defaultdict(set)
     try:
         for p in range(partitions):
-            for _id, fields in r.xrange(f"nfs:{{notify.outcomes|{p}}}:s"):
+            for _id, fields in r.xrange(f"nfs:{{{topic}|{p}}}:s"):
                 o = orjson.loads(fields[b"v"])
-                if o["biz_key"] in biz_keys:
+                if biz_keys is None or o["biz_key"] in biz_keys:
                     out[o["biz_key"]].add(R.change_id(o))
     finally:
         r.close()
@@ -248,6 +249,7 @@ def test_a_producer_hears_every_state_change_once_per_id_signed_also_after_10_mi
         # 1. the endpoint is up: an event's own URL, and the producer's default
         pipe.events([event("cb:own", callback_url=receiver.url("own")), event("cb:default")])
         pipe.events([event("cb:refused", callback_url=f"http://127.0.0.1:{refused_port}/cb")])
+        pipe.events([event("cb:none", producer="")])  # the operator's: no URL, no default
 
         def complete(biz_keys, sms=("DELIVERED",)):
             def check():
@@ -269,6 +271,15 @@ def test_a_producer_hears_every_state_change_once_per_id_signed_also_after_10_mi
         assert paths == {("cb:own", "/own"), ("cb:default", "/shop-default")}
         want = _outcome_ids(redis_url, {"cb:own", "cb:default"}, pipe.partitions)
         assert set(receiver.verified(secret)) == want["cb:own"] | want["cb:default"]
+        # only the changes a producer hears of are read back: notify.callbacks holds those of
+        # the events with a target, each as on the outcome stream, and none of the others'
+        wait_until(lambda: _outcome_ids(redis_url, {"cb:none"}, pipe.partitions).get("cb:none"), 30, 0.3,
+                   "the outcomes of the event without a target")
+        on_callbacks = _outcome_ids(redis_url, None, pipe.partitions, topic="notify.callbacks")
+        after = _outcome_ids(redis_url, {"cb:own", "cb:default"}, pipe.partitions)
+        assert "cb:none" not in on_callbacks
+        for b in ("cb:own", "cb:default"):
+            assert want[b] <= on_callbacks[b] <= after[b]
 
         # the refused URL: given up at once, listed, replayable
         failed = wait_until(lambda: _cli(redis_url, "callbacks", "ls", "--failed") or None, 30, 0.3, "given up")
