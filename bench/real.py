@@ -1,6 +1,6 @@
 """The benchmark of record: what a user runs. ``notify run`` as it starts by default
-(the priority process, a main worker per core, the simulators in a process of
-their own answering like providers: p50 ~30 ms, p99 ~300 ms, 1 in 1,000 calls
+(the priority process, a main worker per core, the simulators in a process per
+provider family answering like providers: p50 ~30 ms, p99 ~300 ms, 1 in 1,000 calls
 hanging until the client's timeout, 1% errors, quotas), the real adapters, a
 campaign burst of N events (several recipients each, every channel) while OTPs
 arrive at 20/s throughout; then the same run with ``--providers fake`` (in-process

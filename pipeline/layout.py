@@ -2,7 +2,10 @@
 hosts (README "Deployment"):
 
     broker       the embedded server (unless REDIS_URL points at one)
-    simulators   the provider simulators, in a process of their own (--providers simulators)
+    sims-push    the provider simulators, one process per family (--providers simulators):
+    sims-sms       push (apns, fcm, hms), sms (twilio, smsvendor), email (smtp) and
+    sims-email     webhook (the receiver), so a burst at one family never slows
+    sims-webhook   another's answers, as separate providers would not
     priority     one worker of role ``priority``: the OTP / security path (pipeline/roles.py)
     main-0..N-1  N workers of role ``main`` (default: one per core), splitting the partitions
     api          the HTTP API and the status page
@@ -10,6 +13,12 @@ hosts (README "Deployment"):
 ``--no-priority-process`` runs N workers of role ``all`` instead (every agent in
 each). Each entry is a :class:`Proc`: a name, the ``notify`` arguments and the
 environment; :mod:`pipeline.supervise` starts and restarts them.
+
+Each simulators' process writes its family's part next to the info file
+(``simulators.push.json``, …: :func:`simulator_part`) and, once every family's part
+is there, the merged info file itself (``simulators.json``, what
+``NOTIFY_SIMULATORS`` names: the same keys as when one process ran them all), before
+the workers start.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from typing import Optional
 
 from .procs import worker_env
 
-__all__ = ["Proc", "plan", "default_workers", "describe", "simulator_providers", "SIMULATOR_ROUTES"]
+__all__ = ["Proc", "plan", "default_workers", "describe", "simulator_providers", "simulator_part", "SIMULATOR_ROUTES",
+           "SIMULATOR_FAMILIES"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,9 @@ class Proc:
     env: dict = field(default_factory=dict, compare=False)
     metrics_port: Optional[int] = None
     waits_for: Optional[str] = None  # a file the process writes once it serves
+    #: the workers hold what it gave them at start (the simulators' ports and
+    #: credentials): restarted with it
+    restarts_workers: bool = False
 
 
 def default_workers() -> int:
@@ -43,10 +56,13 @@ def plan(env: dict, *, workers: int, priority_process: bool, api_port: int, metr
     """The processes to start, in order (the broker is started before, by the caller)."""
     procs: list[Proc] = []
     if simulators_info:
-        argv = ("adapters.simulators", "--info", simulators_info)
-        if env.get("NOTIFY_RECEIPTS_URL"):
-            argv += ("--receipts-url", env["NOTIFY_RECEIPTS_URL"])
-        procs.append(Proc("simulators", argv, env, waits_for=simulators_info))
+        # one process per family, all writing their parts of the one info file
+        for family in SIMULATOR_FAMILIES:
+            argv = ("adapters.simulators", "--family", family, "--info", simulators_info)
+            if env.get("NOTIFY_RECEIPTS_URL"):
+                argv += ("--receipts-url", env["NOTIFY_RECEIPTS_URL"])
+            procs.append(Proc(f"sims-{family}", argv, env, waits_for=simulator_part(simulators_info, family),
+                              restarts_workers=True))
         env = dict(env, NOTIFY_SIMULATORS=simulators_info)
     role = "main" if priority_process else "all"
     port = metrics_port or None
@@ -87,6 +103,20 @@ SIMULATOR_ROUTES = {
     "email": ["smtp"],
     "webhook": ["webhook"],
 }
+
+
+#: the simulators' families, one process each (``python -m adapters.simulators --family F``;
+#: adapters/simulators/__init__.py ``FAMILIES`` says which simulators): the channels
+#: of SIMULATOR_ROUTES but the inbox, which has no simulator
+SIMULATOR_FAMILIES = ("push", "sms", "email", "webhook")
+
+
+def simulator_part(info: str, family: str) -> str:
+    """The file the ``family`` process writes (its part of ``info``), as
+    adapters/simulators/__init__.py ``part_path`` names it (not imported here: the
+    launcher does not load the simulators): ``simulators.json`` → ``simulators.sms.json``."""
+    root, ext = os.path.splitext(str(info))
+    return f"{root}.{family}{ext or '.json'}"
 
 
 def simulator_providers(info: dict, timeout: float = 5.0) -> tuple[dict, dict]:

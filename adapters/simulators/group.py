@@ -89,12 +89,17 @@ def profile_of(args: argparse.Namespace, **kw: Any) -> SimProfile:
     return SimProfile.clean(seed=args.seed, **kw) if args.clean else SimProfile.realistic(seed=args.seed, **kw)
 
 
-async def run_standalone(start: Callable[[], Awaitable[Any]], info_path: Optional[str]) -> None:
+async def run_standalone(start: Callable[[], Awaitable[Any]], info_path: Optional[str],
+                         publish: Optional[Callable[[bytes], Any]] = None) -> None:
     """Start the group (``start()``), print its ``as_dict()`` as one JSON line (and
-    write it to ``info_path``, atomically), serve until SIGINT / SIGTERM, stop it."""
+    write it to ``info_path``, atomically, or hand it to ``publish``: a family's
+    part, adapters/simulators/__init__.py ``publish_part``), serve until SIGINT /
+    SIGTERM, stop it."""
     sims = await start()
     info = orjson.dumps(sims.as_dict())
-    if info_path:
+    if publish is not None:
+        publish(info)
+    elif info_path:
         tmp = info_path + ".tmp"
         with open(tmp, "wb") as fh:
             fh.write(info)

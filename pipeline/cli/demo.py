@@ -107,7 +107,7 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
             url = broker_url(settings)
         except NoBroker:
             # no pipeline running: start `notify run` as a user would (its default layout:
-            # the priority process, a main worker per core, the simulators apart), no API
+            # the priority process, a main worker per core, a process per simulators' family), no API
             flag = Path(settings.data_dir) / "broker.url"
             run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", "0",
                                     "--metrics-port", "0"], stdout=subprocess.DEVNULL)

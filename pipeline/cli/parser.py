@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-priority-process", dest="priority_process", action="store_false",
                      help="no process of its own for the OTP / security path: N workers of role 'all'")
     run.add_argument("--simulators-in-worker", action="store_true",
-                     help="the simulators inside each worker process (as before), not in a process of their own")
+                     help="the simulators inside each worker process (as before), not in their processes "
+                          "(one per provider family: push, sms, email, webhook)")
     run.add_argument("--port", type=int, default=None, help="embedded server port (default: a free one)")
     run.add_argument("--api-port", type=int, default=8080, help="HTTP API port (0 = no API)")
     run.add_argument("--providers", choices=["config", "simulators", "fake"], default=None,

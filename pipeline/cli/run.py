@@ -15,7 +15,7 @@ from typing import Any, Optional
 from .broker import (CLIError, broker_file, broker_keys, broker_url, checked_url, current_settings, lock_data_dir,
                      private_data_dir, probe_broker, write_private)
 
-__all__ = ["cmd_run", "cmd_worker", "cmd_api", "spawner"]
+__all__ = ["cmd_run", "cmd_worker", "cmd_api", "spawner", "start_together"]
 
 
 def cmd_run(args) -> int:
@@ -72,8 +72,13 @@ def cmd_run(args) -> int:
     if server is not None:
         children.append(Child("broker", lambda: server.start().proc, proc=server.proc, started_at=time.time()))
     workers_of = tuple(p.name for p in procs if "worker" in p.argv)
-    children += [Child(p.name, spawner(p.argv, p.env, p.waits_for),
-                       restart_with=workers_of if p.name == "simulators" else ()) for p in procs]
+    planned = [(p, Child(p.name, spawner(p.argv, p.env, p.waits_for),
+                         restart_with=workers_of if p.restarts_workers else ())) for p in procs]
+    children += [c for _, c in planned]
+    sims = [c for p, c in planned if p.restarts_workers]  # the simulators' families
+    if info:  # what an earlier run left: the info file is written anew once every family's part is
+        for path in [info] + [p.waits_for for p, _ in planned if p.restarts_workers and p.waits_for]:
+            Path(path).unlink(missing_ok=True)
     sup = Supervisor(children, report=redis_reporter(url, broker_keys(url).supervisor))
     stop = {"now": False}
 
@@ -85,6 +90,7 @@ def cmd_run(args) -> int:
     if server is None:  # remembered as the embedded server's is: later commands without REDIS_URL find it
         write_private(broker_file(settings), url)
     try:
+        start_together(sims)  # the simulators' families at once (each ready when its part is written)
         sup.start()
         if args.api_port:
             print(f"API and status page on http://127.0.0.1:{args.api_port}/ "
@@ -103,6 +109,28 @@ def cmd_run(args) -> int:
         except OSError:
             pass
         os.close(lock)
+
+
+def start_together(children: list) -> None:
+    """Start these supervised children (pipeline/supervise.py ``Child``) at once, each
+    ``start`` in a thread of its own (it waits until its process is ready): the
+    simulators' families, ready in the time of one instead of the sum. Those that
+    started are the children's processes even when another one failed (its error
+    is raised then): the supervisor stops them."""
+    if not children:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(children)) as pool:
+        futures = [(c, pool.submit(c.start)) for c in children]
+    error = None
+    for c, future in futures:
+        try:
+            c.proc, c.started_at = future.result(), time.time()
+        except Exception as exc:  # noqa: BLE001 - the first is raised once every other one is kept
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def spawner(argv: Any, env: dict, waits_for: Optional[str] = None, timeout: float = 30.0) -> Any:
