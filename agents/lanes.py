@@ -5,7 +5,8 @@ low lane never waits in front of an OTP on a high one (the high topics are also
 fetched and written apart: pipeline/transport/priority.py). Each agent takes what
 its stream has ready (pipeline/take.py) while it has room in its window of calls
 in flight, marks every delivery "calling" in the inflight table (durably, before
-any provider call), starts its call, and turns each result, whenever it comes,
+any provider call; the inbox's lane, whose call is an idempotent insert of our own,
+keeps no marks: :func:`marks_calls`), starts its call, and turns each result, whenever it comes,
 into outcomes, retries (on the timer topic) and dead letters via
 pipeline/rules/attempts. A hanging call holds one slot, never the lane
 (docs/adr/0001-lanes-as-continuous-pipelines.md).
@@ -42,6 +43,30 @@ log = logging.getLogger(__name__)
 #: longest a delivery waits in its slot for a provider's rate (token bucket) or a
 #: breaker's next probe before it is scheduled on the timer topic instead
 IN_SLOT_WAIT_S = 2.0
+
+
+def marks_calls(channel: str) -> bool:
+    """Whether the lane of ``channel`` keeps inflight marks ("calling" before the call,
+    its result after). Every provider's lane does: a call whose fate a crash made
+    unknown is asked about, never blindly made again. The inbox's does not: its
+    "call" is our own insert of the row, keyed by the delivery id (a replay adds no
+    second row), so handling a delivery again is harmless and needs no ledger; it
+    saves the inbox deliveries (half of them in the demo's mix) three changelog
+    entries each (the two marks and the purge's tombstone) and the wait for the
+    "calling" write before the row. What a replay repeats: the DELIVERED outcome (the
+    same change again, which the records and the callbacks' ids absorb)."""
+    return channel != "inbox"
+
+
+class _NoMark:
+    """The "calling" mark of a lane that keeps none: nothing to wait for."""
+
+    def __await__(self):
+        return
+        yield  # a generator: awaiting it returns at once
+
+
+_NO_MARK = _NoMark()
 
 
 @dataclass
@@ -201,8 +226,9 @@ class Lanes:
         # cached until the commit, so it is written after the outcomes above and their
         # records (agents/sink.py): a crash in between leaves "calling", and the replay
         # reconciles and records instead of skipping
-        remember(self.app.user_tables.inflight, partition, d.delivery_id,
-                 {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now(), "r": d.replay})
+        if marks_calls(d.channel):
+            remember(self.app.user_tables.inflight, partition, d.delivery_id,
+                     {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now(), "r": d.replay})
 
     def make_lane(self, channel: str, priority: str):
         """The lane's agent: a window of up to ``lane_batch_size`` provider calls in flight
@@ -214,6 +240,7 @@ class Lanes:
         window = app.settings.lane_batch_size(channel, priority)
         inflight = app.user_tables.inflight
         name = f"lane.{channel}.{priority}"
+        marked = marks_calls(channel)
 
         async def lane(stream):
             turn = turns_for(stream)
@@ -284,7 +311,7 @@ class Lanes:
                                             and st.get("r", 0) == d.replay)
                         holds.hold(ev.message.tp, ev.message.offset)
                         mark = put(inflight, ev.message.partition, d.delivery_id,
-                                   {"a": d.attempt, "s": "calling", "r": d.replay})
+                                   {"a": d.attempt, "s": "calling", "r": d.replay}) if marked else _NO_MARK
                         running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
             finally:
                 for task in list(running.values()):

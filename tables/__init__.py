@@ -34,7 +34,8 @@ class Tables:
     timers: Any
     #: delivery_id → {"a": attempt, "s": state} written durably *before* a provider call
     #: ("calling") and after it; a replayed delivery found "calling" is reconciled by
-    #: querying the providers, never blindly resent.
+    #: querying the providers, never blindly resent. (The inbox's lane keeps none:
+    #: agents/lanes.py ``marks_calls``.)
     inflight: Any
 
 

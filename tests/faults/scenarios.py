@@ -218,7 +218,9 @@ def kill9(workdir: Path, n_events: int = EVENTS, kills: int = 3, seed: int = 7) 
         res.notes.append("A delivery a kill caught between its durable \"calling\" mark and its result is "
                          "reconciled by a query (SMS: ACCEPTED \"reconciled\"); APNs, FCM and SMTP have no status "
                          "query, so such a delivery goes to REVIEW (counted above, with how many of them the "
-                         "provider's ledger shows it had taken).")
+                         "provider's ledger shows it had taken). The inbox keeps no marks: its row is unique per "
+                         "delivery, so a delivery replayed after a kill writes no second row, only its DELIVERED "
+                         "outcome again.")
     finally:
         d.stop()
     res.wall_s = time.monotonic() - t_wall
