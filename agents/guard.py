@@ -12,6 +12,12 @@ offset, or the event's topic, offset and recipient), so the same intent read
 again after a crash is planned again instead of being taken for a duplicate of
 itself, and is not counted twice against the daily limit. Re-sent deliveries are
 made idempotent by the lanes' inflight table.
+
+One dedup entry per intent: the channels of a (user, business key) share one
+table key (pipeline/rules/plan.py ``dedup_entry_key``), each channel with its own
+time and replay token in the value, so an intent planned on three channels writes
+one changelog entry, not three. Per-channel entries written before are still
+read (and purged when their window ends).
 """
 
 import logging
@@ -24,7 +30,7 @@ from pipeline.fair import turns_for
 from pipeline.models import Intent
 from pipeline.rules.attempts import DONE_STATES
 from pipeline.rules.guard import dedup_expired, window_expired
-from pipeline.rules.plan import plan_intent
+from pipeline.rules.plan import dedup_entry_key, plan_intent
 from pipeline.topics import INTENT_TOPICS
 from pipeline.transport import ProducerFenced
 from tables import delete, remember
@@ -69,9 +75,17 @@ class Guard:
         now = clock.now()
         replayed = False
 
+        # one dedup entry for every channel of the (user, business key): written once per
+        # intent (pipeline/rules/plan.py dedup_entry_key); a per-channel entry of a table
+        # written before it is still read until the purge drops it
+        entry_key = dedup_entry_key(intent.user_id, intent.biz_key, intent.producer)
+        merged = dedup.get(entry_key)
+        channels_seen = merged[3] if merged is not None else {}
+
         def seen(key: str):
             nonlocal replayed
-            entry = dedup.get(key)
+            mark = channels_seen.get(key.rsplit("|", 1)[1])
+            entry = mark if mark is not None else dedup.get(key)
             if entry is None:
                 return None
             if entry[1] == replay_token:
@@ -105,8 +119,10 @@ class Guard:
             metrics.no_channel.labels(intent.category, plan.no_channel).inc()
         if plan.devices_not_sent and not replayed:
             metrics.push_devices_not_sent.inc(plan.devices_not_sent)
-        for key in plan.dedup_keys:
-            remember(dedup, partition, key, [now, replay_token, intent.category])
+        if plan.dedup_keys:
+            chans = dict(channels_seen)
+            chans.update((key.rsplit("|", 1)[1], [now, replay_token]) for key in plan.dedup_keys)
+            remember(dedup, partition, entry_key, [now, replay_token, intent.category, chans])
         if plan.counter_key and not replayed:
             remember(daily, partition, plan.counter_key, daily.data.get(plan.counter_key, 0) + 1)
         if plan.window and not replayed:

@@ -219,6 +219,8 @@ def main() -> None:
         print(f"\nCPU seconds per process ({r['providers']}):")
         for name, s in sorted(r["cpu"].items(), key=lambda kv: -kv[1]):
             print(f"  {s:7.1f}  {name}")
+        main_s = sum(s for name, s in r["cpu"].items() if "--role main" in name)
+        print(f"  main workers: {main_s:.1f} s, {main_s / max(r['records'], 1) * 1000:.3f} ms per record")
 
 
 if __name__ == "__main__":

@@ -6,13 +6,15 @@ table          key → value                                 written by
 =============  ==========================================  ===========================
 preferences    user_id → Preferences                       agents.users (notify.preferences)
 devices        user_id → [[platform, token, at], ...]      agents.users (notify.devices)
-dedup          "<user>|<biz_key>|<channel>" → [seen, replay token, category]  agents.guard
+dedup          "<user>|<biz_key>|*" → [seen, token, category, {channel: [seen, token]}]  agents.guard
 daily          "<user>|<category>|<local day>" → count     agents.guard (two days kept)
 recent_sends   "<user>|<category>" → [send time, ...]      agents.guard (sliding windows)
 timers         timer_id → Timer                            agents.scheduler
 =============  ==========================================  ===========================
 
-Dedup and daily keys of expired windows are removed by the guard's purge
+A dedup entry holds every channel of a (user, business key), written once per
+intent; tables written before hold ``"<user>|<biz_key>|<channel>" → [seen, token,
+category]``, still read until purged. Dedup and daily keys of expired windows are removed by the guard's purge
 (tombstones), and the transport's compactor then drops their history.
 """
 

@@ -68,7 +68,22 @@ class Plan:
 
 
 def dedup_key(user_id: str, biz_key: str, channel: str, producer: str = "") -> str:
+    """The dedup rule's key: (user, business key in its producer's space, channel).
+    Stored per intent (:func:`dedup_entry_key`, agents/guard.py): this is the name the
+    plan asks about and the key a table of before this release holds."""
     return f"{user_id}|{scoped(biz_key, producer)}|{channel}"
+
+
+#: ends the key of a dedup entry of an intent's channels (a channel name ends the others)
+ENTRY_SUFFIX = "|*"
+
+
+def dedup_entry_key(user_id: str, biz_key: str, producer: str = "") -> str:
+    """The dedup table's key for every channel of a (user, business key): one changelog
+    entry per intent, ``[newest seen, its replay token, category, {channel: [seen,
+    replay token]}]``, instead of one per channel. It cannot be a per-channel key
+    (those end with a channel name)."""
+    return f"{user_id}|{scoped(biz_key, producer)}{ENTRY_SUFFIX}"
 
 
 def outcome(src: Any, channel: str, state: str, now: float, **kw: Any) -> Outcome:

@@ -62,3 +62,49 @@ def test_importing_the_modules_wires_nothing():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
     importlib.import_module("agents")
+
+
+async def test_one_dedup_entry_per_intent_and_entries_of_before_still_count(settings, redis_url):
+    """The guard writes one dedup changelog entry for all the channels of an intent
+    (agents/guard.py), a repeat is a duplicate on each channel, and a per-channel
+    entry of a table written before still makes its channel a duplicate."""
+    import asyncio
+    import time
+
+    import redis as redis_sync
+
+    from pipeline.models import Preferences
+    from pipeline.rules.plan import dedup_entry_key, dedup_key
+    from tables import put
+
+    async with running(settings) as app:
+        await app.declared.preferences.send(key="d1", value=Preferences(user_id="d1", version=1,
+                                                                          email="d1@example.com"))
+        deadline = time.monotonic() + 10
+        while app.user_tables.preferences.get("d1") is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await send_event(app, _event("dd1", "d1", ("inbox", "email")))
+        rows = await wait_records(app, "dd1", n=2)
+        assert sorted((r["channel"], r["status"]) for r in rows) == [("email", "ACCEPTED"), ("inbox", "DELIVERED")]
+        entry = app.user_tables.dedup.get(dedup_entry_key("d1", "dd1"))
+        assert entry is not None and set(entry[3]) == {"email", "inbox"} and entry[2] == "transaction"
+        # a repeat: a duplicate on both channels, nothing written
+        await send_event(app, _event("dd1", "d1", ("inbox", "email")))
+        # a per-channel entry as a table of before holds it: its channel is a duplicate
+        partition = app.transport.partition_for(app.declared.intents["normal"].get_topic_name(), b"d1")
+        await put(app.user_tables.dedup, partition, dedup_key("d1", "dd2", "inbox"), [time.time(), "old", "transaction"])
+        await send_event(app, _event("dd2", "d1", ("inbox", "email")))
+        rows = await wait_records(app, "dd2", n=1)
+        await asyncio.sleep(1.0)
+        rows, _c = await (await app.resources.store()).find(biz_key="dd2", limit=10)
+        assert [(r["channel"], r["status"]) for r in rows] == [("email", "ACCEPTED")]
+        await app.producer.flush()
+
+    r = redis_sync.Redis.from_url(redis_url)
+    try:
+        keys = [f[b"k"].decode() for p in range(2) for _i, f in r.xrange(f"nfs:{{notify-dedup-changelog|{p}}}:s")]
+    finally:
+        r.close()
+    d1 = sorted(k for k in keys if k.startswith('"d1|') or k.startswith("d1|"))
+    # dd1 once (the repeat wrote nothing), dd2's per-channel entry of before, dd2's own entry
+    assert len(d1) == 3, d1
