@@ -22,7 +22,7 @@ the agents of the app's role (pipeline/roles.py) onto an app built by
 from dataclasses import dataclass
 from typing import Any
 
-from . import callbacks, emit, expand, guard, lanes, polls, pressure, receipts, releases, scheduler, sink, users
+from . import applied, callbacks, emit, expand, guard, lanes, polls, pressure, receipts, releases, scheduler, sink, users
 
 __all__ = ["Parts", "register_agents"]
 
@@ -40,6 +40,7 @@ class Parts:
     receipts: receipts.Receipts
     scheduler: scheduler.Scheduler
     polls: polls.Polls
+    applied: applied.Applied
 
 
 def register_agents(app: Any) -> Parts:
@@ -52,14 +53,15 @@ def register_agents(app: Any) -> Parts:
     press = pressure.register(app)
     rel = releases.register(app)
     cb = callbacks.register(app)
-    g = guard.register(app, out, press, rel)
+    fresh = applied.attach(app)
+    g = guard.register(app, out, press, rel, fresh)
     x = expand.register(app, out, g, cb)
     ln = lanes.register(app, out)
-    users.register(app)
+    users.register(app, fresh)
     rc = receipts.register(app, out, cb)
     sch = scheduler.register(app, out, rc)
     pl = polls.register(app, out, cb)
     app.task(app.resources.warm_up)  # the providers built before the first delivery, not by it
     app.parts = Parts(records=records, emit=out, pressure=press, releases=rel, callbacks=cb, guard=g, expand=x,
-                      lanes=ln, receipts=rc, scheduler=sch, polls=pl)
+                      lanes=ln, receipts=rc, scheduler=sch, polls=pl, applied=fresh)
     return app.parts

@@ -27,8 +27,9 @@ from typing import Any, Optional
 from pipeline import clock, metrics
 from pipeline.entries import contained
 from pipeline.fair import turns_for
-from pipeline.models import Intent
+from pipeline.models import Intent, State
 from pipeline.rules.attempts import DONE_STATES
+from pipeline.rules.channels import OPTED_OUT, UNREACHABLE
 from pipeline.rules.guard import dedup_expired, window_expired
 from pipeline.rules.plan import dedup_entry_key, plan_intent
 from pipeline.topics import INTENT_TOPICS
@@ -43,11 +44,13 @@ DAILY_KEEP_DAYS = 2
 
 
 class Guard:
-    def __init__(self, app: Any, emit: Any, pressure: Any, releases: Any) -> None:
+    def __init__(self, app: Any, emit: Any, pressure: Any, releases: Any, applied: Any = None) -> None:
         self.app = app
         self.emit = emit
         self.pressure = pressure
         self.releases = releases
+        #: the read barrier on the user updates (agents/applied.py)
+        self.applied = applied
         env = app.settings.env
         self.purge_every_s = env.purge_every_s
         self.inflight_keep_s = env.inflight_keep_s
@@ -101,20 +104,30 @@ class Guard:
         def recent(key: str) -> list:
             return [] if replayed else (recent_sends.data.get(key) or [])
 
-        plan = plan_intent(
-            intent,
-            settings=app.settings,
-            renderer=app.renderer,
-            prefs=tb.preferences.get(intent.user_id),
-            devices=tb.devices.get(intent.user_id),
-            now=now,
-            dedup_seen=seen,
-            count_today=count,
-            recent_sends=recent,
-            backpressure=self.pressure.on(),
-            releases=self.releases.releases(),
-            tracker=app.tracker,
-        )
+        def make_plan():
+            return plan_intent(
+                intent,
+                settings=app.settings,
+                renderer=app.renderer,
+                prefs=tb.preferences.get(intent.user_id),
+                devices=tb.devices.get(intent.user_id),
+                now=now,
+                dedup_seen=seen,
+                count_today=count,
+                recent_sends=recent,
+                backpressure=self.pressure.on(),
+                releases=self.releases.releases(),
+                tracker=app.tracker,
+            )
+
+        plan = make_plan()
+        if self.applied is not None and turned_down(plan) and await self.applied.wait(partition, intent.accepted_at):
+            # an update of the user's written before the event was pending: applied now. The
+            # dedup entry is read again (another intent of the same key may have been planned
+            # during the wait); from here to its write below nothing awaits
+            merged = dedup.get(entry_key)
+            channels_seen = merged[3] if merged is not None else {}
+            plan = make_plan()
         if plan.no_channel and not replayed:
             metrics.no_channel.labels(intent.category, plan.no_channel).inc()
         if plan.devices_not_sent and not replayed:
@@ -208,9 +221,16 @@ async def _written(fut) -> None:
         pass  # the partition moved: its new owner purges it
 
 
-def register(app: Any, emit: Any, pressure: Any, releases: Any) -> Guard:
+def turned_down(plan: Any) -> bool:
+    """Whether ``plan`` turned a channel down for want of an address or for an opt-out:
+    a decision an update of the user's, written before the event and not yet applied,
+    could change (agents/applied.py)."""
+    return any(o.state == State.FILTERED and o.reason in (UNREACHABLE, OPTED_OUT) for o in plan.outcomes)
+
+
+def register(app: Any, emit: Any, pressure: Any, releases: Any, applied: Any = None) -> Guard:
     """``guard.<priority>`` for the priorities this app's role runs, and the purge."""
-    g = Guard(app, emit, pressure, releases)
+    g = Guard(app, emit, pressure, releases, applied)
     for p, topic in app.declared.intents.items():
         if app.runs(topic):
             app.agent(topic, name=f"guard.{p}")(g.guard)

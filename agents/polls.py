@@ -84,9 +84,9 @@ class Polls:
             while True:
                 try:
                     store = await self.app.resources.store()
-                    if self._turn is None:
+                    if self._turn is None and store.path != ":memory:":  # (a store of one process)
                         self._turn = SoleTurn(store.path, "polls")
-                    if not self._turn.take():
+                    if self._turn is not None and not self._turn.take():
                         await asyncio.sleep(TAKE_OVER_S)
                         continue
                     n = await self.sweep(time.time())

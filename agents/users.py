@@ -36,8 +36,9 @@ from .sink import Unsubscribes
 __all__ = ["keep_newest", "register"]
 
 
-def register(app: Any) -> None:
-    """The agents applying notify.preferences and notify.devices to the user tables."""
+def register(app: Any, applied: Any) -> None:
+    """The agents applying notify.preferences and notify.devices to the user tables
+    (each update handled is marked on ``applied``: agents/applied.py)."""
     t, tables = app.declared, app.user_tables
     preferences, devices, dlq = tables.preferences, tables.devices, t.dlq
     #: tokens a user keeps (push goes to every one of them: pipeline/rules/plan.py per_device)
@@ -52,17 +53,21 @@ def register(app: Any) -> None:
     async def apply_preferences(stream):
         async for event in stream.events():
             async with contained(dlq, event, "preferences"):
-                update = event.value
-                current = preferences.get(update.user_id)
-                new = apply_update(current, update)
-                if new is None:
-                    continue
-                off = opt_outs(current, new) if records else []
-                if off:
-                    # the message's own time: the same on a replay (see the module's doc)
-                    at = float(getattr(event.message, "timestamp", 0.0) or 0.0) or time.time()
-                    await sink.queue([(new.user_id, cat, ch, new.source, at, new.producer) for cat, ch in off])
-                preferences[update.user_id] = new
+                await apply_preference(event)
+            applied.mark(event.message)
+
+    async def apply_preference(event) -> None:
+        update = event.value
+        current = preferences.get(update.user_id)
+        new = apply_update(current, update)
+        if new is None:
+            return
+        off = opt_outs(current, new) if records else []
+        if off:
+            # the message's own time: the same on a replay (see the module's doc)
+            at = float(getattr(event.message, "timestamp", 0.0) or 0.0) or time.time()
+            await sink.queue([(new.user_id, cat, ch, new.source, at, new.producer) for cat, ch in off])
+        preferences[update.user_id] = new
 
     async def apply_devices(stream):
         async for event in stream.events():
@@ -82,6 +87,7 @@ def register(app: Any) -> None:
                     devices[upd.user_id] = held
                 else:
                     devices.pop(upd.user_id, None)
+            applied.mark(event.message)
 
     app.agent(t.preferences, name="preferences")(apply_preferences)
     app.agent(t.devices, name="devices")(apply_devices)

@@ -52,7 +52,7 @@ def default_workers() -> int:
 
 
 def plan(env: dict, *, workers: int, priority_process: bool, api_port: int, metrics_port: int,
-         loglevel: str, simulators_info: Optional[str] = None) -> list[Proc]:
+         loglevel: str, simulators_info: Optional[str] = None, priority_workers: int = 1) -> list[Proc]:
     """The processes to start, in order (the broker is started before, by the caller)."""
     procs: list[Proc] = []
     if simulators_info:
@@ -67,11 +67,14 @@ def plan(env: dict, *, workers: int, priority_process: bool, api_port: int, metr
     role = "main" if priority_process else "all"
     port = metrics_port or None
     if priority_process:
-        penv = worker_env(env, role="priority", workers=1, index=0)
-        if port:
-            penv["NOTIFY_METRICS_PORT"] = str(port + workers)
-        procs.append(Proc("priority", ("pipeline.cli", "worker", "-l", loglevel, "--role", "priority"), penv,
-                          metrics_port=port + workers if port else None))
+        n = max(1, priority_workers)
+        for i in range(n):
+            penv = worker_env(env, role="priority", workers=n, index=i)
+            if port:
+                penv["NOTIFY_METRICS_PORT"] = str(port + workers + i)
+            procs.append(Proc("priority" if n == 1 else f"priority-{i}",
+                              ("pipeline.cli", "worker", "-l", loglevel, "--role", "priority"), penv,
+                              metrics_port=port + workers + i if port else None))
     for i in range(workers):
         wenv = worker_env(env, role=role, workers=workers, index=i)
         if port:

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="embedded server (unless REDIS_URL) and workers")
     run.add_argument("--workers", type=int, default=0,
                      help="main workers (default: one per core), beside the high-priority process")
+    run.add_argument("--priority-workers", type=int, default=1,
+                     help="processes of the OTP / security path (default 1), splitting its partitions")
     run.add_argument("--no-priority-process", dest="priority_process", action="store_false",
                      help="no process of its own for the OTP / security path: N workers of role 'all'")
     run.add_argument("--simulators-in-worker", action="store_true",

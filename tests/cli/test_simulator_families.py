@@ -308,3 +308,16 @@ def test_notify_run_starts_the_families_apart_and_a_stopped_one_stops_no_other(t
     assert code == 0, log_path.read_text()[-3000:]
     gone, alive = psutil.wait_procs(kids, timeout=10)
     assert not [k for k in alive if k.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_the_priority_role_in_several_processes_splits_its_partitions():
+    """``notify run --priority-workers N``: N processes of the priority role, each with
+    its share of the partitions and a metrics port of its own after the main workers'."""
+    procs = layout.plan({}, workers=2, priority_process=True, api_port=0, metrics_port=9100, loglevel="warn",
+                        priority_workers=2)
+    prio = [p for p in procs if "priority" in p.argv]
+    assert [p.name for p in prio] == ["priority-0", "priority-1"]
+    assert [(p.env["NOTIFY_WORKERS"], p.env["NOTIFY_WORKER_INDEX"]) for p in prio] == [("2", "0"), ("2", "1")]
+    assert [p.metrics_port for p in prio] == [9102, 9103]
+    assert [p.name for p in layout.plan({}, workers=2, priority_process=True, api_port=0, metrics_port=0,
+                                        loglevel="warn") if "priority" in p.argv] == ["priority"]

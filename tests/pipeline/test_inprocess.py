@@ -108,3 +108,43 @@ async def test_one_dedup_entry_per_intent_and_entries_of_before_still_count(sett
     d1 = sorted(k for k in keys if k.startswith('"d1|') or k.startswith("d1|"))
     # dd1 once (the repeat wrote nothing), dd2's per-channel entry of before, dd2's own entry
     assert len(d1) == 3, d1
+
+
+async def test_an_otp_just_after_its_users_phone_number_waits_for_the_update(settings, redis_url):
+    """The guard's read barrier (agents/applied.py): a user's update written before
+    an event, not yet applied when the event is planned (here: behind 20,000 other
+    profiles on notify.preferences), is waited for and the event planned again,
+    instead of ending FILTERED ``unreachable``; and a wait that times out (a backlog)
+    plans as the table stands and does not wait again for a while."""
+    import orjson
+
+    from pipeline.cli.send import send_raw
+    from pipeline.topics import PREFERENCES
+
+    def profiles(prefix: str, last: str, n: int = 20_000) -> list:
+        users = [f"{prefix}{i}" for i in range(n - 1)] + [last]
+        return [(u.encode(), orjson.dumps({"user_id": u, "version": 1, "phone": f"+1555{i:07d}"}))
+                for i, u in enumerate(users)]
+
+    def otp(biz: str, user: str) -> dict:
+        return {"biz_key": biz, "category": "otp", "template": "otp", "channels": ["sms"], "recipients": [user],
+                "params": {"code": "123456"}}
+
+    async with running(settings) as app:
+        applied = app.parts.applied
+        applied.timeout_s = 60.0
+        await send_raw(redis_url, PREFERENCES, profiles("b", "ph1"))
+        await send_event(app, otp("otp-ph1", "ph1"), high=True)
+        rows = await wait_records(app, "otp-ph1", timeout=60)
+        assert [(r["channel"], r["status"]) for r in rows] == [("sms", "ACCEPTED")], rows
+        assert applied.waits == 1
+        # behind a backlog that outlasts the wait: planned as the table stands (the number is
+        # not there yet), and the next event of the partition does not wait at all
+        applied.timeout_s = 0.05
+        await send_raw(redis_url, PREFERENCES, profiles("c", "ph2"))
+        await send_event(app, otp("otp-ph2-1", "ph2"), high=True)
+        rows = await wait_records(app, "otp-ph2-1", timeout=60)
+        assert [(r["channel"], r["status"], r["reason"]) for r in rows] == [("sms", "FILTERED", "unreachable")]
+        await send_event(app, otp("otp-ph2-2", "ph2"), high=True)
+        await wait_records(app, "otp-ph2-2", timeout=60)
+        assert applied.waits == 2
