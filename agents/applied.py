@@ -114,7 +114,11 @@ class Applied:
 
 
 def attach(app: Any) -> Applied:
-    """The barrier of ``app``, told of every rebalance."""
+    """The barrier of ``app``, told of every rebalance and of every update entry that
+    never reaches its agent (malformed: dead-lettered by the topic, pipeline/entries.py),
+    so that a bad entry does not hold the barrier until its timeout."""
     applied = Applied(app)
     app.on_rebalance_complete.connect(applied._rebalanced)
+    for topic in (app.declared.preferences, app.declared.devices):
+        topic.schema.on_skip = applied.mark
     return applied

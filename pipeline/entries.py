@@ -222,6 +222,12 @@ class CheckedTopic(faust.Topic):
         await self._dead_letter(getattr(exc, "reason", "undecodable"), getattr(exc, "detail", str(exc)), message)
 
     async def _dead_letter(self, reason: str, detail: str, message: Any) -> None:
+        # whoever follows what the agent of this topic handled hears of an entry it never
+        # sees (the schema's ``on_skip``, kept by the clones Faust makes of a topic:
+        # agents/applied.py)
+        on_skip = getattr(self.schema, "on_skip", None)
+        if on_skip is not None:
+            on_skip(message)
         # An entry delivered again after a seek (the end of a recovery reads again from
         # the committed offsets while the fetcher runs) is decoded again before the
         # stream drops it as delivered: dead-letter each offset of a partition once.

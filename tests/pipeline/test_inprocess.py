@@ -148,3 +148,13 @@ async def test_an_otp_just_after_its_users_phone_number_waits_for_the_update(set
         await send_event(app, otp("otp-ph2-2", "ph2"), high=True)
         await wait_records(app, "otp-ph2-2", timeout=60)
         assert applied.waits == 2
+        # a malformed update (dead-lettered by its topic, never seen by the agent) counts as
+        # handled: it does not hold the barrier until its timeout
+        applied.timeout_s = 60.0
+        partition = app.transport.partition_for(PREFERENCES, b"ph3")
+        applied._lagging.clear()
+        await send_raw(redis_url, PREFERENCES, [(b"ph3", b"{not json")])
+        await send_event(app, otp("otp-ph3", "ph3"), high=True)
+        rows = await wait_records(app, "otp-ph3", timeout=10)
+        assert [(r["channel"], r["status"], r["reason"]) for r in rows] == [("sms", "FILTERED", "unreachable")]
+        assert partition not in applied._lagging
