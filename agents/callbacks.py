@@ -174,16 +174,23 @@ class Callbacks:
         events expanded after it was set."""
         return self.cfg.enabled and bool(ev.callback_url or self.producers.default_url(ev.producer))
 
+    async def targets(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Optional[str]]:
+        """Where the changes of the events ``(producer, biz_key)`` go: each event's own
+        URL (one ``MGET``), else its producer's default; None: nowhere."""
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        q = await self.queue()
+        urls = await _patiently(lambda: q.targets(keys), "read the events' callback targets")
+        return {k: url or self.producers.default_url(k[0]) for k, url in zip(keys, urls)}
+
     async def wanted_keys(self, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
         """Which of the events ``(producer, biz_key)`` have a callback target, for the
         changes made where no intent or delivery carries the flag (a provider's receipt,
-        matched to its record): one ``MGET`` for the events' own URLs."""
-        keys = list(dict.fromkeys(keys))
-        if not self.cfg.enabled or not keys:
+        matched to its record)."""
+        if not self.cfg.enabled:
             return set()
-        q = await self.queue()
-        urls = await _patiently(lambda: q.targets(keys), "read the events' callback targets")
-        return {k for k, url in zip(keys, urls) if url or self.producers.default_url(k[0])}
+        return {k for k, url in (await self.targets(keys)).items() if url}
 
     async def remember(self, ev: Event) -> None:
         """An event's own callback URL, for the outcomes to come (expand, before it plans
@@ -212,18 +219,11 @@ class Callbacks:
         newest = max((o.get("at") for o in items if isinstance(o.get("at"), (int, float))), default=None)
         if newest is not None:
             lag_gauge.labels("read").set(max(0.0, time.time() - newest))
-        q = await self.queue()
-        keys = list(dict.fromkeys((o.get("producer") or "", o["biz_key"]) for o in items))
-        urls = await _patiently(lambda: q.targets(keys), "read the events' callback targets")
-        own = dict(zip(keys, urls))
-        pairs = []
-        for o in items:
-            producer = o.get("producer") or ""
-            url = own.get((producer, o["biz_key"])) or self.producers.default_url(producer)
-            if url:
-                pairs.append((o, url))
+        urls = await self.targets([(o.get("producer") or "", o["biz_key"]) for o in items])
+        pairs = [(o, url) for o in items if (url := urls[(o.get("producer") or "", o["biz_key"])])]
         if not pairs:
             return 0
+        q = await self.queue()
         batches = rules.group(pairs, self.cfg.max_batch)
         await _patiently(lambda: q.enqueue(batches, self.cfg.max_batch), "add callbacks")
         self._wake.set()

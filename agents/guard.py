@@ -82,8 +82,12 @@ class Guard:
         # intent (pipeline/rules/plan.py dedup_entry_key); a per-channel entry of a table
         # written before it is still read until the purge drops it
         entry_key = dedup_entry_key(intent.user_id, intent.biz_key, intent.producer)
-        merged = dedup.get(entry_key)
-        channels_seen = merged[3] if merged is not None else {}
+
+        def entry_channels() -> dict:
+            merged = dedup.get(entry_key)
+            return merged[3] if merged is not None else {}
+
+        channels_seen = entry_channels()
 
         def seen(key: str):
             nonlocal replayed
@@ -125,8 +129,7 @@ class Guard:
             # an update of the user's written before the event was pending: applied now. The
             # dedup entry is read again (another intent of the same key may have been planned
             # during the wait); from here to its write below nothing awaits
-            merged = dedup.get(entry_key)
-            channels_seen = merged[3] if merged is not None else {}
+            channels_seen = entry_channels()
             plan = make_plan()
         if plan.no_channel and not replayed:
             metrics.no_channel.labels(intent.category, plan.no_channel).inc()

@@ -58,17 +58,6 @@ def marks_calls(channel: str) -> bool:
     return channel != "inbox"
 
 
-class _NoMark:
-    """The "calling" mark of a lane that keeps none: nothing to wait for."""
-
-    def __await__(self):
-        return
-        yield  # a generator: awaiting it returns at once
-
-
-_NO_MARK = _NoMark()
-
-
 @dataclass
 class Step:
     outcomes: list = field(default_factory=list)
@@ -257,8 +246,10 @@ class Lanes:
                 try:
                     try:
                         # the "calling" mark is durable before the call: wait for this write
-                        # only (a producer flush would also wait for everything else sent)
-                        await mark
+                        # only (a producer flush would also wait for everything else sent);
+                        # None: a lane that keeps no marks (marks_calls)
+                        if mark is not None:
+                            await mark
                     except ProducerFenced:
                         # refused: this worker lost the partition (paused past its lease, a
                         # zombie); its new owner reads the delivery again, so no call here
@@ -311,7 +302,7 @@ class Lanes:
                                             and st.get("r", 0) == d.replay)
                         holds.hold(ev.message.tp, ev.message.offset)
                         mark = put(inflight, ev.message.partition, d.delivery_id,
-                                   {"a": d.attempt, "s": "calling", "r": d.replay}) if marked else _NO_MARK
+                                   {"a": d.attempt, "s": "calling", "r": d.replay}) if marked else None
                         running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
             finally:
                 for task in list(running.values()):

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="embedded server (unless REDIS_URL) and workers")
     run.add_argument("--workers", type=int, default=0,
                      help="main workers (default: one per core), beside the high-priority process")
-    run.add_argument("--priority-workers", type=int, default=1,
+    run.add_argument("--priority-workers", type=_at_least_one, default=1,
                      help="processes of the OTP / security path (default 1), splitting its partitions")
     run.add_argument("--no-priority-process", dest="priority_process", action="store_false",
                      help="no process of its own for the OTP / security path: N workers of role 'all'")
@@ -136,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     ks.set_defaults(fn=cmd_api)
     return ap
 
+
+
+def _at_least_one(text: str) -> int:
+    """A count of processes: an integer of at least 1 (argparse names the flag in its error)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def _debug(args: Any) -> bool:

@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
         if args.providers == "simulators" and not args.simulators_in_worker else None
     procs = layout.plan(env, workers=workers, priority_process=args.priority_process, api_port=args.api_port,
                         metrics_port=args.metrics_port, loglevel=args.loglevel, simulators_info=info,
-                        priority_workers=getattr(args, "priority_workers", 1))
+                        priority_workers=args.priority_workers)
     print("processes (restarted when they exit):\n" + layout.describe(procs), flush=True)
     children = []
     if server is not None:

@@ -321,3 +321,10 @@ def test_the_priority_role_in_several_processes_splits_its_partitions():
     assert [p.metrics_port for p in prio] == [9102, 9103]
     assert [p.name for p in layout.plan({}, workers=2, priority_process=True, api_port=0, metrics_port=0,
                                         loglevel="warn") if "priority" in p.argv] == ["priority"]
+
+
+def test_notify_run_refuses_a_priority_workers_count_below_one():
+    for bad in ("0", "-1", "two"):
+        out = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--priority-workers", bad], cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--priority-workers" in out.stderr, out.stderr
