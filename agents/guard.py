@@ -34,7 +34,7 @@ from pipeline.rules.guard import dedup_expired, window_expired
 from pipeline.rules.plan import dedup_entry_key, plan_intent
 from pipeline.topics import INTENT_TOPICS
 from pipeline.transport import ProducerFenced
-from tables import delete, remember
+from tables import DELETED, put_many, remember
 
 __all__ = ["Guard", "register"]
 
@@ -167,7 +167,8 @@ class Guard:
         changelog; the compactor then drops their history).
 
         Tombstones go out :attr:`purge_chunk` at a time, each chunk written before the
-        next is made: a purge of thousands of keys sent at once held a message, a
+        next is made (one changelog entry per table and partition of the chunk): a
+        purge of thousands of keys sent at once held a message, a
         future and a pending write per key until the producer caught up (a ~20 MB
         spike every purge in the soak, which the allocator kept as RSS)."""
         app, tb, settings = self.app, self.app.user_tables, self.app.settings
@@ -201,16 +202,26 @@ class Guard:
                 if window_expired(recent_sends.data.get(key), now, longest.get(category, 0)):
                     yield recent_sends, user, key
 
-        purged, last = 0, None
+        purged = 0
+        chunk: dict[tuple[str, int], tuple[Any, dict]] = {}  # the tombstones of a (table, partition)
+
+        async def send_chunk() -> None:
+            # one changelog entry per (table, partition) of the chunk (tables.put_many)
+            last = None
+            for (_name, p), (table, items) in chunk.items():
+                last = put_many(table, p, items) or last
+            chunk.clear()
+            await _written(last)
+
         for table, user, key in expired():
             p = partition_of(topic, user.encode())
             if p not in owned:
                 continue
-            last = delete(table, p, key)
+            chunk.setdefault((table.name, p), (table, {}))[1][key] = DELETED
             purged += 1
             if purged % self.purge_chunk == 0:
-                await _written(last)
-        await _written(last)
+                await send_chunk()
+        await send_chunk()
         if purged:
             log.info("purged %d expired table entries", purged)
 

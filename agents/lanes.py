@@ -5,7 +5,8 @@ low lane never waits in front of an OTP on a high one (the high topics are also
 fetched and written apart: pipeline/transport/priority.py). Each agent takes what
 its stream has ready (pipeline/take.py) while it has room in its window of calls
 in flight, marks every delivery "calling" in the inflight table (durably, before
-any provider call; the inbox's lane, whose call is an idempotent insert of our own,
+any provider call; the marks of one take's deliveries of a partition are one
+changelog entry, tables.put_many; the inbox's lane, whose call is an idempotent insert of our own,
 keeps no marks: :func:`marks_calls`), starts its call, and turns each result, whenever it comes,
 into outcomes, retries (on the timer topic) and dead letters via
 pipeline/rules/attempts. A hanging call holds one slot, never the lane
@@ -34,7 +35,7 @@ from pipeline.entries import PASS_THROUGH
 from pipeline.fair import turns_for
 from pipeline.take import take_ready
 from pipeline.transport import ProducerFenced
-from tables import put, remember
+from tables import put_many, remember
 
 __all__ = ["InboxWriter", "Lanes", "Step", "register"]
 
@@ -282,27 +283,37 @@ class Lanes:
                     if failed:
                         raise failed[0]
                     disp = await app.resources.dispatcher()
+                    start = []  # (event, delivery, fate unknown) of the deliveries this take starts
+                    marks: dict[int, dict] = {}  # partition → the "calling" marks of its deliveries
                     for ev in events:
-                        await turn()
                         d: Delivery = ev.value
-                        st = inflight.get(d.delivery_id)
-                        if d.delivery_id in running:
+                        if d.delivery_id in running or d.delivery_id in again:
                             # a copy read while the call runs (read again after a rebalance's seek,
                             # or a duplicate): acknowledged when the call is done, never before,
                             # so the committed offset cannot pass an unfinished delivery
                             again.setdefault(d.delivery_id, []).append(ev)
                             continue
+                        st = inflight.get(d.delivery_id)
                         if superseded(st, d.attempt, d.replay):
                             await stream.ack(ev)  # superseded or done: a replay or duplicate
                             continue
+                        fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
+                                            and st.get("r", 0) == d.replay)
+                        again[d.delivery_id] = []
+                        start.append((ev, d, fate_unknown))
+                        if marked:
+                            marks.setdefault(ev.message.partition, {})[d.delivery_id] = {
+                                "a": d.attempt, "s": "calling", "r": d.replay}
+                    # the "calling" marks of the take: one changelog entry per partition
+                    # (tables.put_many), durable before any of its calls starts
+                    written = {p: put_many(inflight, p, m) for p, m in marks.items()}
+                    for ev, d, fate_unknown in start:
+                        await turn()
                         # a free slot, then this delivery starts at once: it never waits for
                         # the rest of its take to find slots (that is, for the slowest call)
                         await slots.acquire()
-                        fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
-                                            and st.get("r", 0) == d.replay)
                         holds.hold(ev.message.tp, ev.message.offset)
-                        mark = put(inflight, ev.message.partition, d.delivery_id,
-                                   {"a": d.attempt, "s": "calling", "r": d.replay}) if marked else None
+                        mark = written.get(ev.message.partition) if marked else None
                         running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
             finally:
                 for task in list(running.values()):

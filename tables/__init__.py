@@ -16,14 +16,19 @@ A dedup entry holds every channel of a (user, business key), written once per
 intent; tables written before hold ``"<user>|<biz_key>|<channel>" → [seen, token,
 category]``, still read until purged. Dedup and daily keys of expired windows are removed by the guard's purge
 (tombstones), and the transport's compactor then drops their history.
+
+The changes of a partition that go out together (a commit's cached changes, a
+take's "calling" marks: :func:`put_many`, a purge's tombstones) are one changelog
+entry for the tables with plain JSON values (pipeline/transport/groups.py).
 """
 
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.models import Preferences, Timer
+from pipeline.transport.groups import DELETED
 
-__all__ = ["Tables", "define_tables", "put", "remember", "delete"]
+__all__ = ["Tables", "define_tables", "put", "put_many", "remember", "delete", "DELETED"]
 
 
 @dataclass
@@ -61,6 +66,28 @@ def put(table, partition: int, key, value):
     worker no longer owns the partition)."""
     table.data[key] = value
     return table.send_changelog(partition, key, value)
+
+
+def put_many(table, partition: int, items: dict):
+    """``put`` for several keys of one partition (``{key: value}``, ``DELETED`` to
+    delete): one changelog entry for them all where the table allows it
+    (pipeline/transport/groups.py), written before anything sent after it, as
+    ``put``'s. Returns the write's future (None for no items)."""
+    send_group = getattr(table, "send_group", None)
+    if send_group is None:  # a plain Faust table: one entry per key
+        fut = None
+        for key, value in items.items():
+            fut = delete(table, partition, key) if value is DELETED else put(table, partition, key, value)
+        return fut
+    if not items:
+        return None
+    data = table.data
+    for key, value in items.items():
+        if value is DELETED:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return send_group(partition, list(items.items()))
 
 
 def remember(table, partition: int, key, value) -> None:

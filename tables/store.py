@@ -26,12 +26,18 @@ from faust import current_event
 from faust.stores import memory
 from faust.types import TP, EventT
 
+from pipeline.transport.groups import DELETED, changes, is_group
+
 __all__ = ["Store"]
 
 log = logging.getLogger(__name__)
 
 
 class Store(memory.Store):
+    #: a group entry (pipeline/transport/groups.py) is applied as the changes it
+    #: lists, in order, at its place in the changelog
+    applies_groups = True
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._offsets: dict[TP, int] = {}
@@ -58,6 +64,8 @@ class Store(memory.Store):
             if message.value is None:
                 data.pop(key, None)
                 partitions.pop(key, None)
+            elif is_group(key):
+                _apply_group(data, partitions, event.value, to_key, to_value, message.partition)
             else:
                 data[key] = to_value(event.value)
                 partitions[key] = message.partition
@@ -150,11 +158,18 @@ class Store(memory.Store):
                 last = offset
                 try:
                     key = to_key(loads_key(ktype, raw_key, serializer=kser))
-                    value = None if raw_value is None else to_value(loads_value(vtype, raw_value, serializer=vser))
+                    if is_group(key) and raw_value is not None:
+                        # decoded whole before any change is applied: all or none
+                        group = list(changes(loads_value(None, raw_value, serializer="json"), to_key, to_value))
+                    else:
+                        group = None
+                        value = None if raw_value is None else to_value(loads_value(vtype, raw_value, serializer=vser))
                 except Exception as exc:  # noqa: BLE001 - a bad entry must not stop recovery
                     bad.append((offset, raw_key, raw_value, f"{type(exc).__name__}: {exc}"))
                     continue
-                if raw_value is None:
+                if group is not None:
+                    _apply_changes(data, partitions, group, p)
+                elif raw_value is None:
                     data.pop(key, None)
                     partitions.pop(key, None)
                 else:
@@ -167,6 +182,20 @@ class Store(memory.Store):
         for offset, raw_key, raw_value, why in bad:
             await _dead_letter(self.app, tp, offset, raw_key, raw_value, why)
         return n
+
+
+def _apply_group(data: dict, partitions: dict, value: Any, to_key: Any, to_value: Any, partition: int) -> None:
+    _apply_changes(data, partitions, list(changes(value, to_key, to_value)), partition)
+
+
+def _apply_changes(data: dict, partitions: dict, group: list, partition: int) -> None:
+    for k, v in group:
+        if v is DELETED:
+            data.pop(k, None)
+            partitions.pop(k, None)
+        else:
+            data[k] = v
+            partitions[k] = partition
 
 
 async def _dead_letter(app: Any, tp: TP, offset: int, key: Any, value: Any, why: str) -> None:

@@ -42,6 +42,7 @@ from ..rules.states import PRECEDENCE
 from . import devices as devices_mod
 from .merge import _K, batch_rows, fold
 from .turn import WriteTurn
+from .urgent import UrgentFirstLock
 from .schema import (
     _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS, RECORD_COLUMNS,
     _rebuild_sql,
@@ -161,7 +162,7 @@ class RecordStore:
         self.cache_mib = cache_mib
         self._db: Optional[aiosqlite.Connection] = None
         self._ro: Optional[aiosqlite.Connection] = None
-        self._wlock = asyncio.Lock()
+        self._wlock = UrgentFirstLock()  # an inbox row before queued record batches (urgent.py)
         self._rlock = asyncio.Lock()
         #: the writers of this file take turns in the kernel's queue (turn.py)
         self._turn: Optional[WriteTurn] = None if self.path == ":memory:" else WriteTurn(self.path)
@@ -256,10 +257,12 @@ class RecordStore:
             raise RuntimeError("RecordStore is not open")
         return self._ro
 
-    async def _write(self, work) -> Any:
-        """Run ``work(db)`` in one IMMEDIATE transaction; all or nothing."""
+    async def _write(self, work, urgent: bool = False) -> Any:
+        """Run ``work(db)`` in one IMMEDIATE transaction; all or nothing. An ``urgent``
+        write goes before the ordinary ones waiting in this process (urgent.py)."""
         db = self._writer()
-        async with self._wlock, self._turn or contextlib.nullcontext():
+        lock = self._wlock.urgent() if urgent else self._wlock
+        async with lock, self._turn or contextlib.nullcontext():
             try:
                 await db.execute("BEGIN IMMEDIATE")
                 result = await work(db)
@@ -397,7 +400,9 @@ class RecordStore:
             )
             return cur.rowcount
 
-        return await self._write(work)
+        # what makes an inbox delivery DELIVERED, and what its user sees: before the
+        # record batches waiting (an OTP's row behind a campaign's records)
+        return await self._write(work, urgent=True)
 
     async def inbox(
         self, user_id: str, limit: int = 50, before: Optional[int] = None

@@ -22,6 +22,12 @@ of the outcomes sent: agents/sink.py), then sends them: the records of what a
 lane did are written before its "done" mark, whose replay would skip the work.
 Changes made meanwhile wait for the next flush.
 
+What a flush sends of one partition of a table goes out as one group entry
+(:mod:`.groups`) when the table's values allow it: the changes of a commit cost one
+stream entry per partition instead of one per key (a lane's "done" marks, the
+guard's dedup entries and daily counters), and recovery applies them together at
+that place in the changelog, as the separate entries would have been.
+
 Use it with ``faust.App(..., Table=CachedTable)``. Flushing is wired into this
 transport (``Producer.flush`` takes and sends the caches); on another transport
 (kafka://) nothing calls it, so the cache turns itself off
@@ -33,6 +39,7 @@ from typing import Any, Optional
 
 import faust
 
+from .groups import DELETED as GROUP_DELETED, can_group, encode_changes, group_key
 from .hooks import hooks_of
 
 __all__ = ["CachedTable", "cached_tables", "commit_waits", "flush_tables", "MAX_DIRTY"]
@@ -93,6 +100,27 @@ class CachedTable(faust.Table):
             self._dirty.pop((partition, key), None)  # this write is newer
         return super().send_changelog(partition, key, value, *args, **kwargs)
 
+    def send_group(self, partition: int, items: list[tuple[Any, Any]], *, _taken: bool = False) -> Any:
+        """Send the ``(key, value)`` changes (value ``groups.DELETED``: delete) of
+        ``partition`` as one changelog entry when the table allows it
+        (:func:`.groups.can_group`), else one entry per key; returns the future of
+        the (last) write. Each key's cached older change is dropped, as
+        :meth:`send_changelog` does (not for what a flush took: the cache holds
+        only newer changes then)."""
+        send = super().send_changelog if _taken else self.send_changelog
+        if len(items) > 1 and can_group(self):
+            if self._dirty and not _taken:
+                for key, _v in items:
+                    self._dirty.pop((partition, key), None)
+            return super().send_changelog(partition, group_key(), encode_changes(items))
+        fut = None
+        for key, value in items:
+            if value is GROUP_DELETED:
+                fut = send(partition, key, None, value_serializer="raw")
+            else:
+                fut = send(partition, key, value)
+        return fut
+
     def take_cache(self) -> Optional[dict]:
         """The dirty keys so far, taken out of the cache (later changes start a new one)."""
         dirty, self._dirty = self._dirty, None
@@ -104,20 +132,20 @@ class CachedTable(faust.Table):
         sending the older after it would leave the changelog on a stale value)."""
         if not dirty:
             return 0
-        send = super().send_changelog
         data = self.data
-        n = 0
+        parts: dict[int, list] = {}
         for (partition, key), value in dirty.items():
             if value is _DELETED:
                 if key in data:
                     continue
-                send(partition, key, None, value_serializer="raw")
+                parts.setdefault(partition, []).append((key, GROUP_DELETED))
             else:
                 if data.get(key, _DELETED) is not value:
                     continue
-                send(partition, key, value)
-            n += 1
-        return n
+                parts.setdefault(partition, []).append((key, value))
+        for partition, items in parts.items():
+            self.send_group(partition, items, _taken=True)
+        return sum(len(items) for items in parts.values())
 
     async def flush_durably(self) -> int:
         """:func:`flush_tables` for this table alone."""

@@ -11,6 +11,10 @@ through the changelog (a worker recovering the partition, a standby) that has
 read a key's value must still find the deletion after it. A few minutes covers
 any reader that keeps up.
 
+A group entry (:mod:`.groups`: one entry setting or deleting several keys) is
+kept while it is the latest entry of one of its keys (or holds the deletion of
+one that is not past the tombstone grace), and dropped with the last of them.
+
 A partition is compacted again only when it is worth it (Kafka's
 ``min.cleanable.dirty.ratio``): it has grown to twice what the last compaction
 kept, or a tombstone it kept has since passed its grace (:class:`Schedule`).
@@ -20,6 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
+import orjson
+
+from .groups import hashable, raw_changes
 from .keys import Keys
 from .scripts import DELETE_EXCEPT_TAIL
 
@@ -31,6 +38,8 @@ class Entry(NamedTuple):
     key: Optional[bytes]
     ts: float
     tombstone: bool = False
+    #: a group entry's ``(key, deleted)`` changes (None: a single key's entry)
+    group: Optional[list] = None
 
 
 @dataclass
@@ -54,23 +63,45 @@ def plan_compaction(
     """
     now = time.time() if now is None else now
     cutoff = now - retention_s if retention_s else None
-    latest: dict[Optional[bytes], Entry] = {}
+    latest: dict[Any, tuple[Entry, bool]] = {}  # key → (its latest entry, a deletion)
+    live: dict[bytes, int] = {}  # group entry → how many keys it is still the latest of
     doomed: list[bytes] = []
+
+    def superseded(e: Entry) -> None:
+        if e.group is None:
+            doomed.append(e.id)
+            return
+        live[e.id] -= 1
+        if not live[e.id]:
+            doomed.append(e.id)
+
     for e in entries:
         if cutoff is not None and e.ts < cutoff:
             doomed.append(e.id)
             continue
-        prev = latest.get(e.key)
-        if prev is not None:
-            doomed.append(prev.id)
-        latest[e.key] = e
+        if e.group is None:
+            changes = [(e.key, e.tombstone)]
+        else:
+            changes, live[e.id] = e.group, 0
+        for key, deleted in changes:
+            prev = latest.get(key)
+            if prev is not None and prev[0] is e:  # a key listed twice in one group
+                latest[key] = (e, deleted)
+                continue
+            if prev is not None:
+                superseded(prev[0])
+            latest[key] = (e, deleted)
+            if e.group is not None:
+                live[e.id] += 1
+        if e.group is not None and not live[e.id]:
+            doomed.append(e.id)  # an empty group
     tail = entries[-1].id if entries else None
     due: Optional[float] = None
-    for e in latest.values():
-        if not e.tombstone or e.id == tail or tombstone_grace_s is None:
+    for e, deleted in latest.values():
+        if not deleted or e.id == tail or tombstone_grace_s is None:
             continue
         if e.ts <= now - tombstone_grace_s:
-            doomed.append(e.id)
+            superseded(e)
         else:
             due = min(due, e.ts + tombstone_grace_s) if due is not None else e.ts + tombstone_grace_s
     if tail is not None and tail in doomed:
@@ -126,7 +157,7 @@ async def compact_partition(
         batch = await client.xrange(stream, min=start, max="+", count=chunk)
         if not batch:
             break
-        entries.extend(Entry(eid, f.get(b"k"), float(f.get(b"t", 0)), b"v" not in f) for eid, f in batch)
+        entries.extend(_entry(eid, f) for eid, f in batch)
         start = b"(" + batch[-1][0]
         if len(batch) < chunk:
             break
@@ -137,3 +168,25 @@ async def compact_partition(
     for i in range(0, len(plan.doomed), 1000):
         deleted += int(await script(keys=[stream], args=plan.doomed[i : i + 1000]))
     return plan
+
+
+def _entry(eid: bytes, f: dict) -> Entry:
+    """A stream entry's id, key, time and kind, the key decoded (JSON; raw bytes when
+    it is not) so that a key's own entries and the groups listing it agree."""
+    key, value = f.get(b"k"), f.get(b"v")
+    group = raw_changes(key, value)
+    ts = float(f.get(b"t", 0))
+    if group is not None:
+        return Entry(eid, key, ts, False, group)
+    return Entry(eid, _ident(key), ts, value is None)
+
+
+def _ident(key: Optional[bytes]) -> Any:
+    if key is None:
+        return None
+    try:
+        ident = hashable(orjson.loads(key))
+        hash(ident)
+        return ident
+    except (orjson.JSONDecodeError, TypeError):
+        return key

@@ -32,6 +32,7 @@ import redis
 from adapters.simulators import read_ledger
 from pipeline.embedded import EmbeddedRedis
 from pipeline.ids import delivery_id
+from pipeline.transport.groups import entry_changes
 from pipeline.transport.keys import Keys
 from tests.pipeline.harness import PARTITIONS, Pipeline
 from tests.transport.helpers import ROOT
@@ -189,8 +190,9 @@ class Drill:
         self._users = (len(w.users), len({d["user_id"] for d in devs}))
 
     def changelog_len(self, table: str) -> int:
+        """The changes a table's changelog holds (a group entry counts as the changes it lists)."""
         topic = f"{GROUP}-{table}-changelog"
-        return sum(int(self.r.get(K.counter(topic, p)) or 0) for p in range(PARTITIONS))
+        return sum(len(entry_changes(f)) for p in range(PARTITIONS) for _id, f in self.r.xrange(K.stream(topic, p)))
 
     def wait_users(self, timeout: float = 60) -> None:
         """Until the workers applied every preference and device update (the

@@ -50,7 +50,9 @@ def test_soak_changelogs_bounded_after_compaction(soaked):
     peak = {t: max(s.per_table.get(t, (0, 0))[0] for s in res.samples) for t in soak.TABLES}
     final = res.final_changelog
     print(f"changelog peaks {peak}, after expiry + compaction {final}, tombstones {res.final_tombstones}")
-    assert peak["dedup"] > 200, "too little written to tell"
+    # a commit's dedup changes of a partition are one group entry (pipeline/transport/groups.py):
+    # ~800 events make a few hundred entries, ten times the bound below
+    assert peak["dedup"] > 10 * PARTITIONS, "too little written to tell"
     bounds = {
         "dedup": PARTITIONS,
         "inflight": PARTITIONS,

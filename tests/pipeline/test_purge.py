@@ -4,6 +4,7 @@ tombstone on the changelog), so the table does not grow without bound."""
 import redis
 
 from pipeline.ids import delivery_id
+from pipeline.transport.groups import entry_changes
 from tests.transport.helpers import wait_until
 
 from .harness import PARTITIONS, Pipeline
@@ -12,10 +13,11 @@ from .harness import PARTITIONS, Pipeline
 def tombstoned(r: redis.Redis, dids: set[bytes]) -> bool:
     """Every delivery id in ``dids`` has inflight changelog entries, and on each
     partition that holds it the last one is a tombstone (no value)."""
-    last: dict = {}  # key -> {partition: its last entry has a value}
+    last: dict = {}  # key -> {partition: its last change has a value}
     for p in range(PARTITIONS):
         for _id, f in r.xrange(f"nfs:{{notify-inflight-changelog|{p}}}:s"):
-            last.setdefault(f.get(b"k", b"").strip(b'"'), {})[p] = b"v" in f
+            for k, v in entry_changes(f):  # an entry, or each change a group entry lists
+                last.setdefault(k.encode(), {})[p] = v is not None
     return all(k in last and not any(last[k].values()) for k in dids)
 
 

@@ -9,6 +9,8 @@ import time
 
 import redis
 
+from pipeline.transport.groups import entry_changes
+
 from tests.transport.helpers import wait_until
 
 from .harness import Pipeline
@@ -21,7 +23,7 @@ def _changelog(r: redis.Redis, table: str) -> set:
     keys = set()
     for p in range(PARTS):
         for _id, f in r.xrange(f"nfs:{{notify-{table}-changelog|{p}}}:s"):
-            keys.add(f.get(b"k"))
+            keys.update(k for k, _v in entry_changes(f))  # an entry, or each change of a group entry
     return keys
 
 
