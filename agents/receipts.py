@@ -22,13 +22,16 @@ import time
 from typing import Any
 
 from pipeline import clock
-from pipeline.entries import contained
+from pipeline.entries import PASS_THROUGH, contained
 from pipeline.models import Preferences, Receipt, State, Timer
 from pipeline.rules.receipts import record_outcome, split_by_provider
+from pipeline.take import take_ready
 
 __all__ = ["Receipts", "register"]
 
 MAX_TRIES = 5
+#: receipts handled together (one store read, one callback lookup, one write of outcomes)
+TAKE = 200
 
 log = logging.getLogger(__name__)
 
@@ -40,38 +43,64 @@ class Receipts:
         self.callbacks = callbacks
 
     async def receipts(self, stream):
+        """A take of receipts at a time (:meth:`match_many`): one store read and one
+        callback lookup per take instead of per receipt. A take that fails on
+        something other than a transient error is handled again one receipt at a
+        time, each contained: only the bad receipt is dead-lettered."""
         dlq = self.app.declared.dlq
-        async for event in stream.events():
-            async with contained(dlq, event, "receipts"):
-                await self.match(event.value, tries=0)
+        async for events in take_ready(stream, TAKE):
+            try:
+                await self.match_many([(ev.value, 0) for ev in events])
+            except PASS_THROUGH:
+                raise
+            except Exception:  # noqa: BLE001 - found again below, receipt by receipt
+                for ev in events:
+                    async with contained(dlq, ev, "receipts"):
+                        await self.match(ev.value, tries=0)
 
     async def match(self, r: Receipt, tries: int) -> None:
+        await self.match_many([(r, tries)])
+
+    async def match_many(self, receipts: list[tuple[Receipt, int]]) -> None:
+        """Receipts (each with the tries made so far) → their outcomes, retries and dead
+        letters; the outcomes of the whole list written together."""
         emit = self.emit
         store = await self.app.resources.store()
-        rows, others = split_by_provider(r.provider, await store.by_provider_msg_id(r.provider_msg_id))
-        if not rows and others:
-            providers = sorted({str(o.get("provider")) for o in others})
-            log.warning("refused a %s receipt for a message id of %d delivery(ies) of %s: provider_mismatch",
-                        r.provider, len(others), ", ".join(providers))
-            await emit.dead_letter("receipts", "provider_mismatch", r.dumps(), key=r.provider_msg_id,
-                                   detail=f"receipt from {r.provider}; the message id is {', '.join(providers)}'s")
-            return
-        if not rows:
-            if tries < MAX_TRIES:
-                await emit.timer(r.provider_msg_id, Timer(
-                    timer_id=f"receipt:{r.provider}:{r.provider_msg_id}:{tries}", due_at=clock.now() + 2 ** tries,
-                    kind="receipt", payload={"receipt": r.asdict(), "tries": tries + 1, "user_id": r.provider_msg_id}))
+        found = await store.by_provider_msg_ids([r.provider_msg_id for r, _t in receipts])
+        matched: list[tuple[Receipt, list]] = []
+        for r, tries in receipts:
+            rows, others = split_by_provider(r.provider, found.get(r.provider_msg_id, ()))
+            if not rows and others:
+                providers = sorted({str(o.get("provider")) for o in others})
+                log.warning("refused a %s receipt for a message id of %d delivery(ies) of %s: provider_mismatch",
+                            r.provider, len(others), ", ".join(providers))
+                await emit.dead_letter("receipts", "provider_mismatch", r.dumps(), key=r.provider_msg_id,
+                                       detail=f"receipt from {r.provider}; the message id is {', '.join(providers)}'s")
+            elif not rows:
+                if tries < MAX_TRIES:
+                    await emit.timer(r.provider_msg_id, Timer(
+                        timer_id=f"receipt:{r.provider}:{r.provider_msg_id}:{tries}", due_at=clock.now() + 2 ** tries,
+                        kind="receipt", payload={"receipt": r.asdict(), "tries": tries + 1,
+                                                 "user_id": r.provider_msg_id}))
+                else:
+                    await emit.dead_letter("receipts", "unmatched_receipt", r.dumps(), key=r.provider_msg_id)
             else:
-                await emit.dead_letter("receipts", "unmatched_receipt", r.dumps(), key=r.provider_msg_id)
+                matched.append((r, rows))
+        if not matched:
             return
-        state = State.DELIVERED if r.status == "DELIVERED" else State.UNDELIVERED
-        heard = await self.callbacks.wanted_keys([(row.get("producer") or "", row["biz_key"]) for row in rows])
-        for row in rows:
-            await emit.outcomes([record_outcome(
+        heard = await self.callbacks.wanted_keys(
+            [(row.get("producer") or "", row["biz_key"]) for _r, rows in matched for row in rows])
+        outcomes = []
+        for r, rows in matched:
+            state = State.DELIVERED if r.status == "DELIVERED" else State.UNDELIVERED
+            outcomes.extend(record_outcome(
                 row, state, r.at or time.time(), reason=r.error, provider=r.provider,
-                provider_msg_id=r.provider_msg_id, callback=(row.get("producer") or "", row["biz_key"]) in heard)])
-        if r.opt_out:
-            await self.opt_out(r, rows)
+                provider_msg_id=r.provider_msg_id, callback=(row.get("producer") or "", row["biz_key"]) in heard)
+                for row in rows)
+        await emit.outcomes(outcomes)
+        for r, rows in matched:
+            if r.opt_out:
+                await self.opt_out(r, rows)
 
     async def opt_out(self, r: Receipt, rows: list) -> None:
         """The users of ``rows`` switch their category off on its channel (merge updates)."""

@@ -190,6 +190,29 @@ async def test_a_receipt_for_one_device_is_matched_to_that_devices_delivery(stor
     assert {d["delivery_id"]: d["status"] for d in await store.deliveries(rec)} == {a: "DELIVERED", b: "ACCEPTED"}
 
 
+async def test_many_message_ids_are_matched_as_one_by_one(store):
+    """by_provider_msg_ids (a take of receipts) answers for each id what
+    by_provider_msg_id does: records, a push's device deliveries instead of their
+    record, nothing for an unknown id."""
+    rec = ids.delivery_id("order_shipped:1", "u1", "push")
+    a, b = ids.device_delivery_id(rec, "hms", "tok-a"), ids.device_delivery_id(rec, "apns", "tok-b")
+    await store.apply_outcomes([
+        outcome(State.ACCEPTED, 10.0, channel="push", delivery_id=a, devices=2, provider="hms", provider_msg_id="r-a"),
+        outcome(State.ACCEPTED, 11.0, channel="push", delivery_id=b, devices=2, provider="apns",
+                provider_msg_id="apns-b"),
+        outcome(State.ACCEPTED, 12.0, channel="sms", user_id="u2", provider="twilio", provider_msg_id="SM1"),
+        outcome(State.ACCEPTED, 13.0, channel="email", user_id="u3", provider="smtp", provider_msg_id="SM1"),
+    ])
+    [rec_row] = await store.get(rec)
+    wanted = ["r-a", "apns-b", "SM1", "nope", rec_row["provider_msg_id"], "SM1"]
+    many = await store.by_provider_msg_ids(wanted)
+    for mid in wanted:
+        one = await store.by_provider_msg_id(mid)
+        key = lambda r: r["delivery_id"]  # noqa: E731
+        assert sorted(many.get(mid, []), key=key) == sorted(one, key=key), mid
+    assert "nope" not in many and len(many["SM1"]) == 2
+
+
 async def test_terminal_never_regresses_and_facts_beat_decisions(store):
     await store.apply_outcomes([outcome(State.FILTERED, 5.0, reason="opt_out")])
     await store.apply_outcomes([outcome(State.PENDING, 6.0), outcome(State.SCHEDULED, 7.0)])
