@@ -6,10 +6,10 @@ fetched and written apart: pipeline/transport/priority.py). Each agent takes wha
 its stream has ready (pipeline/take.py) while it has room in its window of calls
 in flight, marks every delivery "calling" in the inflight table (durably, before
 any provider call; the marks of one take's deliveries of a partition are one
-changelog entry, tables.put_many; the inbox's lane, whose call is an idempotent insert of our own,
-keeps no marks: :func:`marks_calls`), starts its call, and turns each result, whenever it comes,
-into outcomes, retries (on the timer topic) and dead letters via
-pipeline/rules/attempts. A hanging call holds one slot, never the lane
+changelog entry, tables.put_many; the inbox's lane, whose call is an idempotent
+insert of our own, keeps no marks: :func:`marks_calls`), starts its call, and
+turns each result, whenever it comes, into outcomes, retries (on the timer topic)
+and dead letters via pipeline/rules/attempts. A hanging call holds one slot, never the lane
 (docs/adr/0001-lanes-as-continuous-pipelines.md).
 
 A push to a user's devices arrives as one delivery per device (pipeline/rules/
@@ -236,7 +236,7 @@ class Lanes:
             turn = turns_for(stream)
             slots = asyncio.Semaphore(window)
             running: dict[str, asyncio.Future] = {}
-            again: dict[str, list] = {}  # delivery id → copies of an entry in flight, read meanwhile
+            again: dict[str, list] = {}  # delivery id started → copies of its entry read meanwhile
             failed: list[BaseException] = []
             inbox = InboxWriter(app.resources.with_store)
 

@@ -39,15 +39,13 @@ from typing import Any, Optional
 
 import faust
 
-from .groups import DELETED as GROUP_DELETED, can_group, encode_changes, group_key
+from .groups import DELETED as _DELETED, can_group, encode_changes, group_key
 from .hooks import hooks_of
 
 __all__ = ["CachedTable", "cached_tables", "commit_waits", "flush_tables", "MAX_DIRTY"]
 
 #: dirty keys per table before they are sent without waiting for a commit
 MAX_DIRTY = 50_000
-
-_DELETED = object()
 
 
 class CachedTable(faust.Table):
@@ -115,7 +113,7 @@ class CachedTable(faust.Table):
             return super().send_changelog(partition, group_key(), encode_changes(items))
         fut = None
         for key, value in items:
-            if value is GROUP_DELETED:
+            if value is _DELETED:
                 fut = send(partition, key, None, value_serializer="raw")
             else:
                 fut = send(partition, key, value)
@@ -138,7 +136,7 @@ class CachedTable(faust.Table):
             if value is _DELETED:
                 if key in data:
                     continue
-                parts.setdefault(partition, []).append((key, GROUP_DELETED))
+                parts.setdefault(partition, []).append((key, _DELETED))
             else:
                 if data.get(key, _DELETED) is not value:
                     continue
