@@ -14,6 +14,12 @@ hosts (README "Deployment"):
 each). Each entry is a :class:`Proc`: a name, the ``notify`` arguments and the
 environment; :mod:`pipeline.supervise` starts and restarts them.
 
+The simulators run at nice +5 (:data:`SIMULATOR_NICE`): they stand for providers,
+which answer from machines of their own; on one box they would otherwise take the
+cores from the priority worker when an OTP wakes it (they used 50 of the 207 CPU
+seconds of bench/real.py). Their answers keep their latency profile; under a
+saturated box they come later, as a provider's would over a congested link.
+
 Each simulators' process writes its family's part next to the info file
 (``simulators.push.json``, …: :func:`simulator_part`) and, once every family's part
 is there, the merged info file itself (``simulators.json``, what
@@ -46,6 +52,10 @@ class Proc:
     restarts_workers: bool = False
 
 
+#: how much the simulators' processes lower their CPU priority (see the module docs)
+SIMULATOR_NICE = 5
+
+
 def default_workers() -> int:
     """One main worker per core (at least one)."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
@@ -58,7 +68,8 @@ def plan(env: dict, *, workers: int, priority_process: bool, api_port: int, metr
     if simulators_info:
         # one process per family, all writing their parts of the one info file
         for family in SIMULATOR_FAMILIES:
-            argv = ("adapters.simulators", "--family", family, "--info", simulators_info)
+            argv = ("adapters.simulators", "--family", family, "--info", simulators_info,
+                    "--nice", str(SIMULATOR_NICE))
             if env.get("NOTIFY_RECEIPTS_URL"):
                 argv += ("--receipts-url", env["NOTIFY_RECEIPTS_URL"])
             procs.append(Proc(f"sims-{family}", argv, env, waits_for=simulator_part(simulators_info, family),

@@ -1,6 +1,6 @@
 """Run the simulators standalone: ``python -m adapters.simulators
 [--family push|sms|email|webhook] [--receipts-url URL] [--clean] [--seed N]
-[--smtp-tls] [--smtp-auth] [--ledger PATH] [--info PATH] [--hang-s S]``.
+[--smtp-tls] [--smtp-auth] [--ledger PATH] [--info PATH] [--hang-s S] [--nice N]``.
 
 Without ``--family``, every simulator in this process: prints the URLs and
 generated credentials as one JSON line (and writes it to ``--info``, atomically,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
 from config.environment import read_env
 
@@ -33,7 +34,11 @@ def main() -> None:
     p.add_argument("--smtp-auth", action="store_true")
     p.add_argument("--ledger", default=None, help="append every provider call to this JSON-lines file")
     p.add_argument("--hang-s", type=float, default=None, help="how long a 'hang' keeps a request open")
+    p.add_argument("--nice", type=int, default=0,
+                   help="lower this process's CPU priority by N (notify run: 5; providers do not share our cores)")
     args = p.parse_args()
+    if args.nice > 0:
+        os.nice(args.nice)
     profile = profile_of(args, **({"hang_s": args.hang_s} if args.hang_s is not None else {}))
     # the secrets the receipts are signed with, when the API that verifies them set them
     env = read_env()

@@ -82,7 +82,7 @@ def test_the_default_layout_has_one_simulators_process_per_family(tmp_path):
     assert [p.name for p in sims] == ["sims-push", "sims-sms", "sims-email", "sims-webhook"]
     assert [p.name for p in procs][len(sims):] == ["priority", "main-0", "main-1", "api"]  # the workers after them
     for p, family in zip(sims, layout.SIMULATOR_FAMILIES, strict=True):
-        assert p.argv == ("adapters.simulators", "--family", family, "--info", info,
+        assert p.argv == ("adapters.simulators", "--family", family, "--info", info, "--nice", "5",
                           "--receipts-url", "http://127.0.0.1:8080/v1/receipts")
         # the file the launcher waits for is the one the family's process writes
         assert p.waits_for == part_path(info, family) == str(tmp_path / f"simulators.{family}.json")
@@ -238,6 +238,8 @@ def test_notify_run_starts_the_families_apart_and_a_stopped_one_stops_no_other(t
         kids = psutil.Process(run.pid).children()
         of = {f: next(k for k in kids if f"--family {f} " in " ".join(k.cmdline()) + " ") for f in FAMILIES}
         assert len({k.pid for k in of.values()}) == len(FAMILIES)
+        # at a lower CPU priority than the workers (pipeline/layout.py SIMULATOR_NICE)
+        assert all(k.nice() >= psutil.Process(run.pid).nice() + 5 for k in of.values())
         ports = _ports(info)
         for family, names in FAMILIES.items():
             assert _listening(of[family].pid) == {ports[n] for n in names}, family
