@@ -18,6 +18,17 @@ table key (pipeline/rules/plan.py ``dedup_entry_key``), each channel with its ow
 time and replay token in the value, so an intent planned on three channels writes
 one changelog entry, not three. Per-channel entries written before are still
 read (and purged when their window ends).
+
+The daily counters and the sliding windows' send times live in the same table as
+the dedup entries (keys ``("daily", <counter key>)`` and ``("window", <window
+key>)``: tuples, never equal to a dedup entry's text key), so the changes one
+commit makes to a user's guard state are one group entry of one changelog
+(pipeline/transport/groups.py): durable together or lost together. Apart, a
+failover that lost the tail of one changelog and not the other's left dedup
+entries whose counts were gone: their intents, read again, were recognised as
+replays and not counted again, and the next intent over the limit was sent
+(tests/transport/test_cluster_failover.py). The ``daily`` and ``recent_sends``
+tables of before are still read until their entries expire, and purged.
 """
 
 import logging
@@ -41,6 +52,9 @@ __all__ = ["Guard", "register"]
 log = logging.getLogger(__name__)
 
 DAILY_KEEP_DAYS = 2
+
+#: the first element of a daily counter's and a sliding window's key in the dedup table
+DAILY, WINDOW = "daily", "window"
 
 
 class Guard:
@@ -101,12 +115,19 @@ class Guard:
             return entry[0]
 
         def count(key: str) -> int:
+            return 0 if replayed else counted(key)
+
+        def counted(key: str) -> int:
             # .data: a missing key read through the table would be set to its default,
             # a change for the current event's partition (expand's, not the user's)
-            return 0 if replayed else daily.data.get(key, 0)
+            n = dedup.data.get((DAILY, key))
+            return n if n is not None else daily.data.get(key, 0)
 
         def recent(key: str) -> list:
-            return [] if replayed else (recent_sends.data.get(key) or [])
+            if replayed:
+                return []
+            times = dedup.data.get((WINDOW, key))
+            return times if times is not None else (recent_sends.data.get(key) or [])
 
         def make_plan():
             return plan_intent(
@@ -140,9 +161,10 @@ class Guard:
             chans.update((key.rsplit("|", 1)[1], [now, replay_token]) for key in plan.dedup_keys)
             remember(dedup, partition, entry_key, [now, replay_token, intent.category, chans])
         if plan.counter_key and not replayed:
-            remember(daily, partition, plan.counter_key, daily.data.get(plan.counter_key, 0) + 1)
+            remember(dedup, partition, (DAILY, plan.counter_key), counted(plan.counter_key) + 1)
         if plan.window and not replayed:
-            remember(recent_sends, partition, *plan.window)
+            wkey, times = plan.window
+            remember(dedup, partition, (WINDOW, wkey), times)
         for t in plan.timers:
             await emit.timer(intent.user_id, t)
         await emit.outcomes(plan.outcomes)
@@ -182,24 +204,41 @@ class Guard:
         owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
         oldest = (date.fromtimestamp(now) - timedelta(days=DAILY_KEEP_DAYS)).isoformat()
 
+        def daily_expired(key: str) -> Optional[str]:
+            """The user of an expired daily counter key (None: not expired)."""
+            # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
+            user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
+            return user if day < oldest else None
+
+        def window_user(key: str, times: Any) -> Optional[str]:
+            """The user of a sliding window whose send times are all past (None: live)."""
+            user, _, category = key.rpartition("|")
+            return user if window_expired(times, now, longest.get(category, 0)) else None
+
         def expired():
             for key in list(dedup.data):
                 entry = dedup.data.get(key)
-                if entry is not None and dedup_expired(entry, now, windows):
+                if entry is None:
+                    continue
+                if isinstance(key, tuple):  # the daily counters and windows (module docs)
+                    user = daily_expired(key[1]) if key[0] == DAILY else window_user(key[1], entry)
+                    if user is not None:
+                        yield dedup, user, key
+                elif dedup_expired(entry, now, windows):
                     yield dedup, key.split("|", 1)[0], key
             # a delivery done an hour ago can no longer be replayed from an uncommitted offset
             for key in list(inflight.data):
                 st = inflight.data.get(key)
                 if st is not None and st.get("t", now) < now - keep_s and st["s"] in DONE_STATES:
                     yield inflight, st["u"], key
+            # the tables of before (module docs), until their entries have expired
             for key in list(daily.data):
-                # "freq:<user>:<category>:<day>"; a user id may hold ":", categories and days do not
-                user, _category, day = key.split(":", 1)[1].rsplit(":", 2)
-                if day < oldest:
+                user = daily_expired(key)
+                if user is not None:
                     yield daily, user, key
             for key in list(recent_sends.data):
-                user, _, category = key.rpartition("|")
-                if window_expired(recent_sends.data.get(key), now, longest.get(category, 0)):
+                user = window_user(key, recent_sends.data.get(key))
+                if user is not None:
                     yield recent_sends, user, key
 
         purged = 0

@@ -7,15 +7,20 @@ table          key → value                                 written by
 preferences    user_id → Preferences                       agents.users (notify.preferences)
 devices        user_id → [[platform, token, at], ...]      agents.users (notify.devices)
 dedup          "<user>|<biz_key>|*" → [seen, token, category, {channel: [seen, token]}]  agents.guard
-daily          "<user>|<category>|<local day>" → count     agents.guard (two days kept)
-recent_sends   "<user>|<category>" → [send time, ...]      agents.guard (sliding windows)
+               ("daily", "freq:<user>:<category>:<local day>") → count  (two days kept)
+               ("window", "<user>|<category>") → [send time, ...]  (sliding windows)
+daily          as ("daily", key) above, written before    read and purged only
+recent_sends   as ("window", key) above, written before   read and purged only
 timers         timer_id → Timer                            agents.scheduler
 =============  ==========================================  ===========================
 
 A dedup entry holds every channel of a (user, business key), written once per
-intent; tables written before hold ``"<user>|<biz_key>|<channel>" → [seen, token,
-category]``, still read until purged. Dedup and daily keys of expired windows are removed by the guard's purge
-(tombstones), and the transport's compactor then drops their history.
+intent; tables written before hold ``"<user>|<biz_key>|<channel>" → [seen,
+token, category]``, still read until purged. A user's daily counters and window
+times are in the same table, so what one commit changes of a user's guard state
+is one changelog entry, durable or lost together (agents/guard.py). Dedup and
+daily keys of expired windows are removed by the guard's purge (tombstones), and
+the transport's compactor then drops their history.
 
 The changes of a partition that go out together (a commit's cached changes, a
 take's "calling" marks: :func:`put_many`, a purge's tombstones) are one changelog

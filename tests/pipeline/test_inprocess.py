@@ -108,9 +108,34 @@ async def test_one_dedup_entry_per_intent_and_entries_of_before_still_count(sett
                 for k, _v in entry_changes(f)]  # changes: an entry's, or those a group entry lists
     finally:
         r.close()
-    d1 = sorted(k for k in keys if k.startswith("d1|"))
+    d1 = sorted(k for k in keys if isinstance(k, str) and k.startswith("d1|"))
     # dd1 once (the repeat wrote nothing), dd2's per-channel entry of before, dd2's own entry
     assert len(d1) == 3, d1
+    # the daily counter beside them, in the same table (agents/guard.py): dd1 and dd2 counted
+    assert [k for k in keys if isinstance(k, tuple) and k[0] == "daily" and ":d1:" in k[1]]
+
+
+async def test_daily_counters_live_beside_the_dedup_entries_and_those_of_before_still_count(settings):
+    """The guard's daily counter is a key of the dedup table (agents/guard.py: a
+    user's guard state changes as one changelog entry); a counter of the ``daily``
+    table written before still counts until it expires."""
+    import time
+
+    from pipeline.rules.guard import counter_key, day_key
+    from tables import put
+
+    async with running(settings) as app:
+        tb = app.user_tables
+        partition = app.transport.partition_for(app.declared.intents["normal"].get_topic_name(), b"c1")
+        key = counter_key("c1", "transaction", day_key(None, time.time()))
+        await put(tb.daily, partition, key, 20)  # the category's limit, reached before this version
+        await send_event(app, _event("cap1", "c1"))
+        [row] = await wait_records(app, "cap1", n=1)
+        assert (row["status"], row["reason"]) == ("FILTERED", "over_limit")
+        key2 = counter_key("c2", "transaction", day_key(None, time.time()))
+        await send_event(app, _event("cap2", "c2"))
+        await wait_records(app, "cap2", n=1)
+        assert tb.dedup.data.get(("daily", key2)) == 1 and key2 not in tb.daily.data
 
 
 async def test_an_otp_just_after_its_users_phone_number_waits_for_the_update(settings, redis_url):
