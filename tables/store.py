@@ -62,13 +62,12 @@ class Store(memory.Store):
                 continue  # read in bulk already (a batch fetched before the bulk read)
             key = to_key(event.key)
             if message.value is None:
-                data.pop(key, None)
-                partitions.pop(key, None)
+                group = [(key, DELETED)]
             elif is_group(key):
-                _apply_group(data, partitions, event.value, to_key, to_value, message.partition)
+                group = list(changes(event.value, to_key, to_value))  # all or none
             else:
-                data[key] = to_value(event.value)
-                partitions[key] = message.partition
+                group = [(key, to_value(event.value))]
+            _apply_changes(data, partitions, group, message.partition)
             tp, offset = getattr(message, "tp", None), getattr(message, "offset", None)
             if tp is not None and offset is not None and offsets.get(tp, -1) < offset:
                 offsets[tp] = offset
@@ -158,23 +157,17 @@ class Store(memory.Store):
                 last = offset
                 try:
                     key = to_key(loads_key(ktype, raw_key, serializer=kser))
-                    if is_group(key) and raw_value is not None:
+                    if raw_value is None:
+                        group = [(key, DELETED)]
+                    elif is_group(key):
                         # decoded whole before any change is applied: all or none
                         group = list(changes(loads_value(None, raw_value, serializer="json"), to_key, to_value))
                     else:
-                        group = None
-                        value = None if raw_value is None else to_value(loads_value(vtype, raw_value, serializer=vser))
+                        group = [(key, to_value(loads_value(vtype, raw_value, serializer=vser)))]
                 except Exception as exc:  # noqa: BLE001 - a bad entry must not stop recovery
                     bad.append((offset, raw_key, raw_value, f"{type(exc).__name__}: {exc}"))
                     continue
-                if group is not None:
-                    _apply_changes(data, partitions, group, p)
-                elif raw_value is None:
-                    data.pop(key, None)
-                    partitions.pop(key, None)
-                else:
-                    data[key] = value
-                    partitions[key] = p
+                _apply_changes(data, partitions, group, p)
             n += len(chunk)
         if last is not None:
             self._offsets[tp] = last
@@ -184,11 +177,8 @@ class Store(memory.Store):
         return n
 
 
-def _apply_group(data: dict, partitions: dict, value: Any, to_key: Any, to_value: Any, partition: int) -> None:
-    _apply_changes(data, partitions, list(changes(value, to_key, to_value)), partition)
-
-
 def _apply_changes(data: dict, partitions: dict, group: list, partition: int) -> None:
+    """Apply ``(key, value)`` changes (``DELETED``: delete) read from ``partition``'s changelog."""
     for k, v in group:
         if v is DELETED:
             data.pop(k, None)

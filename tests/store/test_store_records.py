@@ -161,11 +161,8 @@ async def test_a_delivery_history_out_of_order(store):
     assert await store.by_provider_msg_id("m-1", provider="a") == []
 
 
-async def test_a_receipt_for_one_device_is_matched_to_that_devices_delivery(store):
-    """A push provider's receipt (Huawei Push Kit's) names the message sent to one
-    device: by_provider_msg_id gives that device's delivery (its delivery_id, its
-    state), with its record's fields, and not the record besides; an outcome for it
-    makes the record DELIVERED (derived from its devices')."""
+async def _push_to_two_devices(store):
+    """A push record of u1 ACCEPTED on two devices (hms "r-a", apns "apns-b"): (record id, a, b)."""
     rec = ids.delivery_id("order_shipped:1", "u1", "push")
     a, b = ids.device_delivery_id(rec, "hms", "tok-a"), ids.device_delivery_id(rec, "apns", "tok-b")
     await store.apply_outcomes([
@@ -173,6 +170,15 @@ async def test_a_receipt_for_one_device_is_matched_to_that_devices_delivery(stor
         outcome(State.ACCEPTED, 11.0, channel="push", delivery_id=b, devices=2, provider="apns",
                 provider_msg_id="apns-b"),
     ])
+    return rec, a, b
+
+
+async def test_a_receipt_for_one_device_is_matched_to_that_devices_delivery(store):
+    """A push provider's receipt (Huawei Push Kit's) names the message sent to one
+    device: by_provider_msg_id gives that device's delivery (its delivery_id, its
+    state), with its record's fields, and not the record besides; an outcome for it
+    makes the record DELIVERED (derived from its devices')."""
+    rec, a, b = await _push_to_two_devices(store)
     [row] = await store.by_provider_msg_id("r-a")
     assert (row["delivery_id"], row["status"], row["provider"], row["provider_msg_id"]) == (a, "ACCEPTED", "hms",
                                                                                           "r-a")
@@ -194,12 +200,8 @@ async def test_many_message_ids_are_matched_as_one_by_one(store):
     """by_provider_msg_ids (a take of receipts) answers for each id what
     by_provider_msg_id does: records, a push's device deliveries instead of their
     record, nothing for an unknown id."""
-    rec = ids.delivery_id("order_shipped:1", "u1", "push")
-    a, b = ids.device_delivery_id(rec, "hms", "tok-a"), ids.device_delivery_id(rec, "apns", "tok-b")
+    rec, _a, _b = await _push_to_two_devices(store)
     await store.apply_outcomes([
-        outcome(State.ACCEPTED, 10.0, channel="push", delivery_id=a, devices=2, provider="hms", provider_msg_id="r-a"),
-        outcome(State.ACCEPTED, 11.0, channel="push", delivery_id=b, devices=2, provider="apns",
-                provider_msg_id="apns-b"),
         outcome(State.ACCEPTED, 12.0, channel="sms", user_id="u2", provider="twilio", provider_msg_id="SM1"),
         outcome(State.ACCEPTED, 13.0, channel="email", user_id="u3", provider="smtp", provider_msg_id="SM1"),
     ])
