@@ -242,12 +242,12 @@ class Guard:
                     yield recent_sends, user, key
 
         purged = 0
-        chunk: dict[tuple[str, int], tuple[Any, dict]] = {}  # the tombstones of a (table, partition)
+        chunk: dict[tuple[Any, int], dict] = {}  # (table, partition) → its tombstones
 
         async def send_chunk() -> None:
             # one changelog entry per (table, partition) of the chunk (tables.put_many)
             last = None
-            for (_name, p), (table, items) in chunk.items():
+            for (table, p), items in chunk.items():
                 last = put_many(table, p, items) or last
             chunk.clear()
             await _written(last)
@@ -256,7 +256,7 @@ class Guard:
             p = partition_of(topic, user.encode())
             if p not in owned:
                 continue
-            chunk.setdefault((table.name, p), (table, {}))[1][key] = DELETED
+            chunk.setdefault((table, p), {})[key] = DELETED
             purged += 1
             if purged % self.purge_chunk == 0:
                 await send_chunk()

@@ -9,8 +9,8 @@ any provider call; the marks of one take's deliveries of a partition are one
 changelog entry, tables.put_many; the inbox's lane, whose call is an idempotent
 insert of our own, keeps no marks: :func:`marks_calls`), starts its call, and
 turns each result, whenever it comes, into outcomes, retries (on the timer topic)
-and dead letters via pipeline/rules/attempts. A hanging call holds one slot, never the lane
-(docs/adr/0001-lanes-as-continuous-pipelines.md).
+and dead letters via pipeline/rules/attempts. A hanging call holds one slot, never
+the lane (docs/adr/0001-lanes-as-continuous-pipelines.md).
 
 A push to a user's devices arrives as one delivery per device (pipeline/rules/
 plan.py ``per_device``), each with its own ``delivery_id``: everything here keys
@@ -313,7 +313,7 @@ class Lanes:
                         # the rest of its take to find slots (that is, for the slowest call)
                         await slots.acquire()
                         holds.hold(ev.message.tp, ev.message.offset)
-                        mark = written.get(ev.message.partition) if marked else None
+                        mark = written.get(ev.message.partition)  # None: a lane without marks
                         running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
             finally:
                 for task in list(running.values()):

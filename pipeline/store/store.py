@@ -610,9 +610,13 @@ class RecordStore:
         await self._write(work)
 
     async def by_provider_msg_ids(self, provider_msg_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-        """:meth:`by_provider_msg_id` for many message ids at once (a take of receipts):
-        two indexed reads per 500 ids instead of two per id. Ids without a delivery are
-        absent from the answer."""
+        """The deliveries carrying each of these providers' message ids (to match a take
+        of receipts; ids without a delivery are absent from the answer): records of a
+        whole channel, and a push's deliveries to one device, each as its record's row
+        with the device delivery's own ``delivery_id``, status, provider and times (a
+        push record's state is derived from its devices': a receipt decides the device's
+        delivery, pipeline/store/devices.py). A push record is not returned besides its
+        matching device deliveries. Two indexed reads per 500 ids."""
         out: dict[str, list[dict[str, Any]]] = {}
         wanted = list(dict.fromkeys(provider_msg_ids))
         for i in range(0, len(wanted), 500):
@@ -634,24 +638,10 @@ class RecordStore:
     async def by_provider_msg_id(
         self, provider_msg_id: str, provider: Optional[str] = None
     ) -> list[dict[str, Any]]:
-        """The deliveries carrying a provider's message id (to match a receipt): records
-        of a whole channel, and a push's deliveries to one device, each as its record's
-        row with the device delivery's own ``delivery_id``, status, provider and times (a
-        push record's state is derived from its devices': a receipt decides the device's
-        delivery, pipeline/store/devices.py). A push record is not returned besides its
-        matching device deliveries."""
-        params: list[Any] = [provider_msg_id]
-        where = " AND provider = ?" if provider is not None else ""
-        if provider is not None:
-            params.append(provider)
-        devices = [dict(r) for r in await self._read(
-            f"SELECT {_DEVICE_AS_RECORD} FROM device_deliveries d JOIN notify_record r"
-            f" ON r.delivery_id = d.record_id WHERE d.provider_msg_id = ?{where.replace('provider', 'd.provider')}",
-            params)]
-        records = [dict(r) for r in await self._read(
-            f"SELECT {_RECORD_SELECT} FROM notify_record WHERE provider_msg_id = ?{where}", params)]
-        shown = {ids.record_id(d["delivery_id"]) for d in devices}
-        return [r for r in records if r["delivery_id"] not in shown] + devices
+        """:meth:`by_provider_msg_ids` for one message id, those sent through ``provider``
+        only when given."""
+        rows = (await self.by_provider_msg_ids([provider_msg_id])).get(provider_msg_id, [])
+        return [r for r in rows if provider is None or r["provider"] == provider]
 
     async def find(
         self,

@@ -76,7 +76,7 @@ def raw_changes(raw_key: Optional[bytes], raw_value: Optional[bytes]) -> Optiona
         key = orjson.loads(raw_key)
         if not is_group(key):
             return None
-        group = [(hashable(item[0]), len(item) < 2) for item in orjson.loads(raw_value)]
+        group = [(k, v is DELETED) for k, v in changes(orjson.loads(raw_value), hashable)]
         for k, _d in group:
             hash(k)
         return group
