@@ -14,6 +14,9 @@ any reader that keeps up.
 A group entry (:mod:`.groups`: one entry setting or deleting several keys) is
 kept while it is the latest entry of one of its keys (or holds the deletion of
 one that is not past the tombstone grace), and dropped with the last of them.
+A group kept for one key still carries the older values of its other keys, so a
+key's tombstone stays, whatever its age, while any kept entry holds an older
+value of that key: dropped, replay would bring the value back.
 
 A partition is compacted again only when it is worth it (Kafka's
 ``min.cleanable.dirty.ratio``): it has grown to twice what the last compaction
@@ -65,6 +68,7 @@ def plan_compaction(
     cutoff = now - retention_s if retention_s else None
     latest: dict[Any, tuple[Entry, bool]] = {}  # key → (its latest entry, a deletion)
     live: dict[bytes, int] = {}  # group entry → how many keys it is still the latest of
+    older: dict[Any, list[bytes]] = {}  # key → the groups holding an older value of it
     doomed: list[bytes] = []
 
     def superseded(e: Entry) -> None:
@@ -90,6 +94,8 @@ def plan_compaction(
                 continue
             if prev is not None:
                 superseded(prev[0])
+                if prev[0].group is not None:
+                    older.setdefault(key, []).append(prev[0].id)
             latest[key] = (e, deleted)
             if e.group is not None:
                 live[e.id] += 1
@@ -97,16 +103,39 @@ def plan_compaction(
             doomed.append(e.id)  # an empty group
     tail = entries[-1].id if entries else None
     due: Optional[float] = None
-    for e, deleted in latest.values():
+    dropped: dict[Any, Entry] = {}  # key → the entry whose deletion of it goes
+    for key, (e, deleted) in latest.items():
         if not deleted or e.id == tail or tombstone_grace_s is None:
             continue
         if e.ts <= now - tombstone_grace_s:
             superseded(e)
+            dropped[key] = e
         else:
             due = min(due, e.ts + tombstone_grace_s) if due is not None else e.ts + tombstone_grace_s
+    _keep_needed_tombstones(dropped, older, live, doomed)
     if tail is not None and tail in doomed:
         doomed.remove(tail)  # retention: the tail stays whatever its age
     return Plan(doomed, len(entries) - len(doomed), due)
+
+
+def _keep_needed_tombstones(dropped: dict, older: dict, live: dict, doomed: list) -> None:
+    """Give back each dropped tombstone whose key some kept group still holds an
+    older value of; a tombstone given back may be a group that holds older values
+    of other keys, so repeat until nothing changes."""
+    gone = set(doomed)
+    changed = True
+    while changed:
+        changed = False
+        for key, e in list(dropped.items()):
+            if all(g in gone for g in older.get(key, ())):
+                continue
+            del dropped[key]
+            changed = True
+            if e.group is not None:
+                live[e.id] += 1
+            if e.id in gone:
+                gone.discard(e.id)
+                doomed.remove(e.id)
 
 
 @dataclass
