@@ -31,22 +31,33 @@ def cmd_demo(args) -> int:
     return run_demo(args.events, users=args.users)
 
 
-def _counts(db: Path, prefix: str) -> tuple[int, int, int]:
-    """(records, terminal, deferred) of this run (business keys ``prefix``…)."""
+def _counts(db: Path, prefix: str) -> tuple[int, int, int, int]:
+    """(records, terminal, deferred, events with a record) of this run (business keys ``prefix``…)."""
     if not db.exists():
-        return 0, 0, 0
+        return 0, 0, 0, 0
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
-        total, done, deferred = con.execute(
+        total, done, deferred, events = con.execute(
             f"SELECT count(*), sum(status IN ({','.join('?' * len(TERMINAL))})), "
-            f"sum(status IN ({','.join('?' * len(DEFERRED))})) FROM notify_record WHERE biz_key >= ? AND biz_key < ?",
+            f"sum(status IN ({','.join('?' * len(DEFERRED))})), count(DISTINCT biz_key) "
+            "FROM notify_record WHERE biz_key >= ? AND biz_key < ?",
             (*TERMINAL, *DEFERRED, prefix, prefix + "\uffff"),
         ).fetchone()
-        return total or 0, done or 0, deferred or 0
+        return total or 0, done or 0, deferred or 0, events or 0
     except sqlite3.OperationalError:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     finally:
         con.close()
+
+
+def finished(counts: tuple[int, int, int, int], events: int, still: int) -> bool:
+    """Whether the demo has seen the end of its run: every event has a record (each
+    yields at least one, FILTERED included) and every record is terminal or deferred,
+    unchanged for 2 s; or nothing moved for 30 s (retries back off). Records alone
+    are not enough: the OTPs' records can all be terminal before the first campaign
+    event has been expanded."""
+    total, done, deferred, seen = counts
+    return still >= 60 or (seen >= events and total == done + deferred and still >= 4)
 
 
 def _summary(db: Path, prefix: str) -> str:
@@ -133,22 +144,25 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
             asyncio.run(send_raw(url, topic, items))
         db = Path(settings.db_path)
         tty = sys.stdout.isatty()
-        last, still = (-1, -1, -1), 0
-        # until every record is terminal, or nothing moved for 30 s (retries back off)
-        while still < 60 and not (last[0] and last[0] == last[1] + last[2] and still >= 4):
-            total, done, deferred = _counts(db, prefix)
+        last, still = (-1, -1, -1, -1), 0
+        while not finished(last, len(evs), still):
+            now = _counts(db, prefix)
+            total, done, deferred, seen = now
             bar = "#" * int(30 * done / max(total, 1))
-            line = f"{done}/{total} records terminal, {deferred} deferred, {time.time() - t0:5.1f}s"
+            line = (f"{done}/{total} records terminal, {deferred} deferred, "
+                    f"{seen}/{len(evs)} events, {time.time() - t0:5.1f}s")
             if tty:
                 print(f"\r[{bar:30}] {line}", end="", flush=True)
-            elif (total, done, deferred) != last and int(time.time() - t0) % 10 == 0:  # a line every ~10 s
+            elif now != last and int(time.time() - t0) % 10 == 0:  # a line every ~10 s
                 print(line, flush=True)
-            still = still + 1 if (total, done, deferred) == last and total else 0
-            last = (total, done, deferred)
+            still = still + 1 if now == last and total else 0
+            last = now
             time.sleep(0.5)
         if tty:
             print()
         print(_summary(db, prefix))
+        if last[3] < len(evs):
+            print(f"\n{len(evs) - last[3]} of {len(evs)} events have no record yet: nothing moved for 30 s")
         return 0
     finally:
         if run is not None:

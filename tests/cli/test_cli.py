@@ -95,6 +95,7 @@ def test_commands_against_the_embedded_server(running):
     assert [row[0] for row in scaling] == ["high", "normal", "low"] and all(int(row[-1]) >= 1 for row in scaling)
     demo = notify(env, "demo", "--events", "40", "--users", "60", timeout=180).stdout
     assert "state" in demo and "p99 ms" in demo and "ACCEPTED" in demo
+    assert "events have no record" not in demo, demo
 
 
 def test_errors_are_one_clear_line_and_non_zero(tmp_path):
