@@ -64,12 +64,24 @@ def define_tables(app: Any, partitions: int) -> Tables:
     )
 
 
+def _set(table, partition: int, key, value) -> None:
+    """``table[key] = value`` in memory, the key counted as ``partition``'s (the
+    user's), so that it goes with that partition when it is given up
+    (tables/store.py ``Store.put_in``; a plain Faust store knows no better)."""
+    store = table.data
+    put_in = getattr(store, "put_in", None)
+    if put_in is None:
+        store[key] = value
+    else:
+        put_in(partition, key, value)
+
+
 def put(table, partition: int, key, value):
     """Set ``table[key]`` for an event of ``partition`` when no single current event
     applies (batched agents): the changelog entry goes to the user's partition.
     Returns the changelog write's future (it fails with ``ProducerFenced`` when this
     worker no longer owns the partition)."""
-    table.data[key] = value
+    _set(table, partition, key, value)
     return table.send_changelog(partition, key, value)
 
 
@@ -91,7 +103,7 @@ def put_many(table, partition: int, items: dict):
         if value is DELETED:
             data.pop(key, None)
         else:
-            data[key] = value
+            _set(table, partition, key, value)
     return send_group(partition, list(items.items()))
 
 
@@ -100,7 +112,7 @@ def remember(table, partition: int, key, value) -> None:
     with the table's cached changes at the next commit, after the records of the
     outcomes sent before it (pipeline/transport/cache.py): for a change that says
     the work is done."""
-    table.data[key] = value
+    _set(table, partition, key, value)
     if table.caching():
         table.remember(partition, key, value)
     else:

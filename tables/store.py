@@ -80,6 +80,15 @@ class Store(memory.Store):
         if event is not None:
             self._key_partition[key] = event.message.partition
 
+    def put_in(self, partition: int, key: Any, value: Any) -> None:
+        """Set ``key`` as a key of ``partition``, whatever event is current: expand plans
+        a user's intent while it reads an event of another partition, and a lane's
+        take has no current event. Attributed to the event's partition (or to none),
+        the key was dropped with a partition it is not of, and kept, stale, when its
+        own partition was given up."""
+        self.data[key] = value
+        self._key_partition[key] = partition
+
     def __delitem__(self, key: Any) -> None:
         del self.data[key]
         self._key_partition.pop(key, None)

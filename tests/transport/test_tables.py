@@ -242,3 +242,43 @@ def test_table_writes_coalesce_per_key_until_the_commit(redis_url, redis_sync, t
         expected[k.decode()] = expected.get(k.decode(), 0) + 1
     assert latest == expected
     assert entries < 1000, f"{entries} changelog entries for 2,000 writes"
+
+
+def test_a_key_written_for_a_users_partition_goes_with_that_partition():
+    """tables.put / put_many / remember write a user's key while the current event
+    is of another partition (expand planning an intent) or while there is none (a
+    lane's take): the key is the user's partition's, kept while that partition is
+    held and dropped when it is given up, whatever the event's partition does.
+    Attributed to the event's partition, a dedup entry was dropped with the events'
+    partition while its user's daily counter stayed: the intent, read again, was
+    counted twice (the cluster failover drill's 'FILTERED over_limit')."""
+    import asyncio
+    import weakref
+    from types import SimpleNamespace
+
+    from faust.streams import _current_event
+    from faust.types import TP
+
+    import tables
+    from tables.store import Store
+
+    store = Store.__new__(Store)
+    store.__post_init__()
+    table = SimpleNamespace(data=store, caching=lambda: False, send_changelog=lambda *a, **kw: None,
+                            send_group=lambda *a, **kw: None)
+    class Event:  # expand's event: partition 3
+        message = SimpleNamespace(partition=3)
+
+    event = Event()
+    token = _current_event.set(weakref.ref(event))
+    try:
+        tables.remember(table, 1, "u|biz|*", [1.0, "t"])  # the user's partition: 1
+        tables.put(table, 1, ("daily", "freq:u:marketing:d"), 2)
+    finally:
+        _current_event.reset(token)
+    tables.put_many(table, 1, {("window", "u|marketing"): [1.0]})  # no current event
+    topic = "t-dedup-changelog"
+    asyncio.run(store.on_recovery_completed({TP(topic, 1)}, set()))  # partition 3 given up, 1 kept
+    assert set(store.data) == {"u|biz|*", ("daily", "freq:u:marketing:d"), ("window", "u|marketing")}
+    asyncio.run(store.on_recovery_completed({TP(topic, 3)}, set()))  # partition 1 given up
+    assert dict(store.data) == {}
