@@ -74,17 +74,26 @@ def _summary(db: Path, prefix: str) -> str:
         note = "   (deferred: due later, not terminal)" if state in DEFERRED else ""
         lines.append(f"{state:12} {reason:26} {n:>8}{note}")
     lines.append("")
-    lines.append(f"{'priority':10} {'n':>7} {'p50 ms':>9} {'p99 ms':>9}   acceptance → ACCEPTED/DELIVERED")
+    lines.append(f"{'priority':10} {'n':>7} {'p50 ms':>9} {'p99 ms':>9} {'first try p99':>14}"
+                 "   acceptance → ACCEPTED/DELIVERED")
     for prio in ("high", "normal", "low"):
-        lat = sorted(r[0] for r in con.execute(
-            f"SELECT latency_ms FROM notify_record WHERE {mine} AND priority = ? "
-            "AND status IN ('ACCEPTED','DELIVERED') AND latency_ms IS NOT NULL", (*rng, prio)))
+        rows = con.execute(
+            f"SELECT latency_ms, retry_count <= 1 AND coalesce(reason, '') != 'reconciled' FROM notify_record "
+            f"WHERE {mine} AND priority = ? AND status IN ('ACCEPTED','DELIVERED') AND latency_ms IS NOT NULL",
+            (*rng, prio)).fetchall()
+        lat = sorted(r[0] for r in rows)
+        first = sorted(r[0] for r in rows if r[1])
         if lat:
-            p50 = lat[len(lat) // 2]
-            p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-            lines.append(f"{prio:10} {len(lat):>7} {p50:>9.1f} {p99:>9.1f}")
+            lines.append(f"{prio:10} {len(lat):>7} {_pct(lat, 0.5):>9.1f} {_pct(lat, 0.99):>9.1f} "
+                         f"{_pct(first, 0.99) if first else float('nan'):>14.1f}")
+    lines.append("first try: the records sent on their first call (the simulators' scenario numbers time out,\n"
+                 "answer 429 or fail on purpose; their retries and reconciliations are in p99 only)")
     con.close()
     return "\n".join(lines)
+
+
+def _pct(sorted_values: list, q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
 def wait_ready(url: str, timeout: float = 60.0) -> None:
@@ -98,6 +107,34 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
             if all(r.exists(keys.lease(g, 0)) for g in GROUPS):
                 return
             time.sleep(0.2)
+    finally:
+        r.close()
+
+
+def wait_applied(url: str, topics: tuple[str, ...], timeout: float = 60.0) -> float:
+    """Until both consumer groups of the default layout have committed everything
+    written to ``topics`` (the users' updates: each role keeps its own copy); the
+    seconds it took. The demo's users are set up before its events, as a
+    deployment's are: a burst of 2,000 sign-ups in the same second as 1,500 OTPs
+    would time the guard's read barrier on the updates (agents/applied.py), which
+    holds an OTP for its user's pending update, not the notifications."""
+    from pipeline.roles import GROUPS
+    from pipeline.transport.committed import read_all_sync
+
+    keys, r = broker_keys(url), redis_client(url)
+    t0 = time.time()
+    try:
+        while time.time() < t0 + timeout:
+            ends = {}
+            for topic in topics:
+                n = int(r.hget(keys.topics, topic) or 0)
+                for p in range(n):
+                    ends[f"{topic}|{p}".encode()] = int(r.get(keys.counter(topic, p)) or 0)
+            if all(all(int(read.get(f, 0) or 0) >= end for f, end in ends.items())
+                   for read in (read_all_sync(r, keys, g) for g in GROUPS)):
+                return time.time() - t0
+            time.sleep(0.1)
+        return time.time() - t0
     finally:
         r.close()
 
@@ -132,6 +169,8 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
         prefs, devices = demo_users(users, rng)
         asyncio.run(send_raw(url, "notify.preferences", [(p["user_id"].encode(), orjson.dumps(p)) for p in prefs]))
         asyncio.run(send_raw(url, "notify.devices", [(d["user_id"].encode(), orjson.dumps(d)) for d in devices]))
+        took = wait_applied(url, ("notify.preferences", "notify.devices"))
+        print(f"{len(prefs)} users and {len(devices)} devices applied in {took:.1f}s; now {events} events", flush=True)
         run_id = f"{int(time.time() * 1000):x}"
         prefix = f"demo:{run_id}:"
         evs = demo_events(events, users, rng, run_id)
