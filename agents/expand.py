@@ -83,12 +83,13 @@ class Expand:
                 accepted_at=accepted,
                 producer=ev.producer,
                 callback=callback,
+                origin=f"{msg.topic}:{msg.offset}:{i}",
             )
             partition = guard.plans_here(priority, user)
             if partition is None:
                 await emit.send(out, user, intent)
             else:  # this worker runs the guard for the user: plan it here
-                await guard.plan_and_send(intent, partition, f"{msg.topic}:{msg.offset}:{i}")
+                await guard.plan_and_send(intent, partition, intent.origin)
 
 
 def register(app: Any, emit: Any, guard: Any, callbacks: Any) -> Expand:

@@ -7,11 +7,17 @@ events with one recipient are keyed by that user (pipeline/topics.py
 ``event_key``), so theirs always are, and the intent is never written to
 notify.intents.<priority> to be read back by this same worker.
 
-Replay-safe: a dedup entry remembers the message that wrote it (the intent's
-offset, or the event's topic, offset and recipient), so the same intent read
-again after a crash is planned again instead of being taken for a duplicate of
-itself, and is not counted twice against the daily limit. Re-sent deliveries are
-made idempotent by the lanes' inflight table.
+Replay-safe: a dedup entry remembers the message that made the intent (the
+event's topic, offset and recipient: ``Intent.origin``, set by expand), so the
+same intent read again after a crash is planned again instead of being taken for
+a duplicate of itself, and is not counted twice against the daily limit, whether
+it came the first time from expand in this worker and the second through
+notify.intents.<priority> or the other way round (a worker taking partitions over
+one lease at a time plans some intents of an event here and writes others; the
+intent's offset in that topic, the token of before, differed between the two
+ways, and the replay was FILTERED ``duplicate`` and never sent). Intents written
+before carry no origin: their offset stands for it. Re-sent deliveries are made
+idempotent by the lanes' inflight table.
 
 One dedup entry per intent: the channels of a (user, business key) share one
 table key (pipeline/rules/plan.py ``dedup_entry_key``), each channel with its own
@@ -77,16 +83,19 @@ class Guard:
         async for event in stream.events():
             await turn()
             async with contained(dlq, event, "guard"):
-                await self.plan_and_send(event.value, event.message.partition, event.message.offset)
+                intent = event.value
+                # the event's message, carried by the intent (an intent of before: its own offset)
+                token = intent.origin or event.message.offset
+                await self.plan_and_send(intent, event.message.partition, token)
 
     async def plan_and_send(self, intent: Intent, partition: int, replay_token: Any) -> None:
         """Plan ``intent`` against its user's tables (of ``partition``, the user's partition
         of the user-keyed topics, owned by this worker) and send what the plan says.
 
-        ``replay_token`` identifies the message the intent came from: the intent's offset
-        in notify.intents.<priority>, or, for an intent planned by expand where the event
-        was read (:meth:`plans_here`), the event's topic, offset and recipient. A dedup
-        entry written under the same token is this intent's own, read again after a crash."""
+        ``replay_token`` identifies the message the intent came from: the event's topic,
+        offset and recipient (``intent.origin``; for an intent written before origins, its
+        offset in notify.intents.<priority>). A dedup entry written under the same token
+        is this intent's own, read again after a crash."""
         app, emit, tb = self.app, self.emit, self.app.user_tables
         dedup, daily, recent_sends = tb.dedup, tb.daily, tb.recent_sends
         now = clock.now()

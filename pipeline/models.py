@@ -121,6 +121,10 @@ class Intent(_Record):
     #: its event's state changes are POSTed to a producer (agents/callbacks.py): set by
     #: expand, carried by its deliveries and outcomes
     callback: bool = False
+    #: the message that made it, ``<events topic>:<offset>:<recipient index>`` (set by
+    #: expand, kept on the intents topic and in a deferred intent's timer): the guard's
+    #: replay token (agents/guard.py), the same whichever way the intent reached it
+    origin: Optional[str] = None
     v: int = SCHEMA_VERSION
 
 

@@ -186,3 +186,39 @@ async def test_an_otp_just_after_its_users_phone_number_waits_for_the_update(set
         rows = await wait_records(app, "otp-ph3", timeout=10)
         assert [(r["channel"], r["status"], r["reason"]) for r in rows] == [("sms", "FILTERED", "unreachable")]
         assert partition not in applied._lagging
+
+
+async def test_an_intent_read_again_the_other_way_is_planned_as_itself(settings):
+    """An intent planned by expand where the event was read, then read again through
+    notify.intents.<priority> (another worker's expand, replaying the event while
+    this worker took the user's partition over): the same origin, so the guard takes
+    it for itself (planned again, not counted), not for a duplicate left unsent."""
+    import asyncio
+
+    from pipeline import metrics
+    from pipeline.models import Intent
+    from pipeline.rules.plan import dedup_entry_key
+
+    duplicates = metrics.outcomes.labels("FILTERED", "duplicate")
+    async with running(settings) as app:
+        tb = app.user_tables
+        await send_event(app, _event("org1", "o1"))
+        [row] = await wait_records(app, "org1", n=1)
+        assert row["status"] == "DELIVERED"
+        first = tb.dedup.data.get(dedup_entry_key("o1", "org1", ""))
+        origin = first[1]
+        assert origin.startswith("notify.events:") and origin.endswith(":0")
+        daily = {k: v for k, v in tb.dedup.data.items() if isinstance(k, tuple) and k[0] == "daily"}
+        before = duplicates._value.get()
+        ev = _event("org1", "o1")
+        await app.declared.intents["normal"].send(key="o1", value=Intent(
+            notification_id=row["notification_id"], biz_key="org1", user_id="o1", category="transaction",
+            template="order_shipped", template_version=1, priority="normal", params=ev["params"],
+            channels=ev["channels"], accepted_at=first[0], origin=origin))
+        for _ in range(200):  # planned again: its entry's time moves on
+            if tb.dedup.data.get(dedup_entry_key("o1", "org1", ""))[0] != first[0] or duplicates._value.get() > before:
+                break
+            await asyncio.sleep(0.05)
+        assert duplicates._value.get() == before
+        assert tb.dedup.data.get(dedup_entry_key("o1", "org1", ""))[1] == origin
+        assert {k: v for k, v in tb.dedup.data.items() if isinstance(k, tuple) and k[0] == "daily"} == daily
