@@ -1,6 +1,6 @@
 """Sending what the rules decided: outcomes, timers, dead letters, lane deliveries."""
 
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from pipeline import clock, metrics
 from pipeline.entries import send_dead_letter
@@ -21,6 +21,9 @@ class Emit:
         self.outcomes_topic, self.timers_topic, self.dlq_topic = t.outcomes, t.timers, t.dlq
         self.callbacks_topic = t.callbacks
         self.lane_topics = t.lanes
+        #: hands a delivery to its lane on this worker (agents/lanes.py ``Lanes.offer``);
+        #: False: through the lane's topic
+        self.handoff: Optional[Callable[[Delivery], bool]] = None
 
     async def send(self, topic: Any, key: str, value: Any) -> None:
         """``await topic.send(key=key, value=value)`` for a topic keyed by text with a
@@ -59,6 +62,10 @@ class Emit:
                                           due_at=d.due_at or clock.now(), kind="delivery", payload=d.asdict()))
 
     async def deliver(self, d: Delivery) -> None:
+        """To the delivery's lane: in memory when the lane runs here and has room
+        (agents/handoff.py), else through its topic."""
+        if self.handoff is not None and self.handoff(d):
+            return
         await self.send(self.lane_topics[(d.channel, d.priority)], d.user_id, d)
 
     async def dead_letter(self, source: str, reason: str, payload: bytes | str, *, detail: Optional[str] = None,

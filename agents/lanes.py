@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from faust import current_event
+
 from pipeline import clock, metrics
 from pipeline.models import Attempt, Delivery, DeviceUpdate, State
 from pipeline.rules.attempts import after_query, after_send, superseded
@@ -36,6 +38,8 @@ from pipeline.fair import turns_for
 from pipeline.take import take_ready
 from pipeline.transport import ProducerFenced
 from tables import put_many, remember
+
+from .handoff import Handed, Handoff, source_of
 
 __all__ = ["InboxWriter", "Lanes", "Step", "register"]
 
@@ -117,6 +121,8 @@ class Lanes:
     def __init__(self, app: Any, emit: Any) -> None:
         self.app = app
         self.emit = emit
+        #: (channel, priority) → the in-memory intake of that lane, while it runs here
+        self.handoffs: dict[tuple[str, str], Handoff] = {}
 
     async def step(self, d: Delivery, disp, fate_unknown: bool) -> Step:
         now = clock.now()
@@ -220,30 +226,67 @@ class Lanes:
             remember(self.app.user_tables.inflight, partition, d.delivery_id,
                      {"a": s.attempts_made, "s": s.state, "u": d.user_id, "t": clock.now(), "r": d.replay})
 
+    def offer(self, d: Delivery) -> bool:
+        """Hand ``d`` to its lane in memory (agents/handoff.py) when the lane runs here,
+        this worker holds the delivery's partition of the lane's topic, the lane has
+        room, and ``d`` is planned while an event is handled (the source, held until
+        ``d`` is done). False: the caller sends it through the lane's topic."""
+        h = self.handoffs.get((d.channel, d.priority))
+        if h is None or not h.has_room(d.delivery_id):
+            return False
+        src = source_of(current_event())
+        if src is None:
+            return False
+        app = self.app
+        partition = app.transport.partition_for(h.topic, d.user_id.encode())
+        if not app.consumer.owns(h.topic, partition):
+            return False
+        tp, offset = src
+        app.consumer.holds.hold(tp, offset)
+        h.put(d, Handed(tp, offset, partition, held=True))
+        metrics.handoffs.labels(d.channel, d.priority).inc()
+        return True
+
     def make_lane(self, channel: str, priority: str):
         """The lane's agent: a window of up to ``lane_batch_size`` provider calls in flight
         (docs/adr/0001-lanes-as-continuous-pipelines.md). New deliveries are taken as
-        slots free up, calls finish in any order, and each entry is acknowledged when its
-        delivery is done: the committed offset stops below the lowest unfinished one."""
+        slots free up, from the lane's topic and from its in-memory intake
+        (agents/handoff.py), calls finish in any order, and each entry is acknowledged
+        when its delivery is done: the committed offset stops below the lowest
+        unfinished one (of the lane's topic, or of the event a handed delivery came from)."""
         app = self.app
         topic = app.declared.lanes[(channel, priority)]
+        topic_name = topic.get_topic_name()
         window = app.settings.lane_batch_size(channel, priority)
         inflight = app.user_tables.inflight
         name = f"lane.{channel}.{priority}"
         marked = marks_calls(channel)
+        handoffs = self.handoffs if app.settings.env.handoff else {}
 
         async def lane(stream):
             turn = turns_for(stream)
             slots = asyncio.Semaphore(window)
             running: dict[str, asyncio.Future] = {}
-            again: dict[str, list] = {}  # delivery id started → copies of its entry read meanwhile
+            again: dict[str, list] = {}  # delivery id started → copies of it (Handed) met meanwhile
             failed: list[BaseException] = []
             inbox = InboxWriter(app.resources.with_store)
-
             holds = app.consumer.holds  # the committed offset stays below a call in flight
+            intake = Handoff(topic_name, window, again)
 
-            async def call(ev, d: Delivery, disp, fate_unknown: bool, mark) -> None:
-                tp = ev.message.tp
+            async def settle(src: Handed) -> None:
+                """Done with ``src``: its topic entry acknowledged, its hold released."""
+                if src.event is not None:
+                    await stream.ack(src.event)
+                if src.held:
+                    src.held = False
+                    holds.release(src.tp, src.offset)
+
+            async def to_topic(d: Delivery, src: Handed) -> None:
+                """A handed delivery this lane will not call: through the topic, then let go."""
+                await self.emit.send(topic, d.user_id, d)
+                await settle(src)
+
+            async def call(src: Handed, d: Delivery, disp, fate_unknown: bool, mark) -> None:
                 try:
                     try:
                         # the "calling" mark is durable before the call: wait for this write
@@ -253,21 +296,21 @@ class Lanes:
                             await mark
                     except ProducerFenced:
                         # refused: this worker lost the partition (paused past its lease, a
-                        # zombie); its new owner reads the delivery again, so no call here
+                        # zombie); its new owner reads the delivery again (a handed one, from
+                        # the topic, where it is written now), so no call here
                         log.warning("lane %s: delivery %s fenced (partition lost), left to its new owner",
                                     name, d.delivery_id)
                         running.pop(d.delivery_id, None)  # a copy read from now on is handled anew
-                        for e in (ev, *again.pop(d.delivery_id, ())):
-                            await stream.ack(e)
-                        holds.release(tp, ev.message.offset)
+                        for c in (src, *again.pop(d.delivery_id, ())):
+                            await (settle(c) if c.event is not None else to_topic(d, c))
                         return
                     s = await self.contained_step(d, disp, fate_unknown)
-                    await self.finish(d, s, ev.message.partition, inbox)
-                    # this entry, and any copy of it read while the call ran, is done (a copy
+                    await self.finish(d, s, src.partition, inbox)
+                    # this delivery, and any copy of it met while the call ran, is done (a copy
                     # read from now on finds the done mark: superseded)
                     running.pop(d.delivery_id, None)
-                    for e in (ev, *again.pop(d.delivery_id, ())):
-                        await stream.ack(e)
+                    for c in (src, *again.pop(d.delivery_id, ())):
+                        await settle(c)
                 except asyncio.CancelledError:
                     raise
                 except BaseException as exc:  # a transient error: the agent crashes, as it did
@@ -276,46 +319,74 @@ class Lanes:
                 finally:
                     running.pop(d.delivery_id, None)
                     slots.release()
-                holds.release(tp, ev.message.offset)
 
+            async def start(items: list, disp) -> None:
+                """Start the calls of ``items`` ((Handed, Delivery) pairs), each as a slot frees."""
+                starting = []  # (source, delivery, fate unknown) of the deliveries this take starts
+                marks: dict[int, dict] = {}  # partition → the "calling" marks of its deliveries
+                for src, d in items:
+                    if d.delivery_id in running or d.delivery_id in again:
+                        # a copy met while the call runs (read again after a rebalance's seek,
+                        # or a duplicate): let go when the call is done, never before, so the
+                        # committed offset cannot pass an unfinished delivery
+                        again.setdefault(d.delivery_id, []).append(src)
+                        continue
+                    st = inflight.get(d.delivery_id)
+                    if superseded(st, d.attempt, d.replay):
+                        await settle(src)  # superseded or done: a replay or duplicate
+                        continue
+                    fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
+                                        and st.get("r", 0) == d.replay)
+                    again[d.delivery_id] = []
+                    starting.append((src, d, fate_unknown))
+                    if marked:
+                        marks.setdefault(src.partition, {})[d.delivery_id] = {
+                            "a": d.attempt, "s": "calling", "r": d.replay}
+                # the "calling" marks of the take: one changelog entry per partition
+                # (tables.put_many), durable before any of its calls starts
+                written = {p: put_many(inflight, p, m) for p, m in marks.items()}
+                for src, d, fate_unknown in starting:
+                    await turn()
+                    # a free slot, then this delivery starts at once: it never waits for
+                    # the rest of its take to find slots (that is, for the slowest call)
+                    await slots.acquire()
+                    if not src.held:
+                        src.held = True
+                        holds.hold(src.tp, src.offset)
+                    mark = written.get(src.partition)  # None: a lane without marks
+                    running[d.delivery_id] = asyncio.ensure_future(call(src, d, disp, fate_unknown, mark))
+
+            async def take_handed() -> None:
+                try:
+                    while True:
+                        items = await intake.take(window)
+                        await start(items, await app.resources.dispatcher())
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - the lane's loop raises it
+                    failed.append(exc)
+                    # no more hand-offs: what comes goes through the topic, whose next
+                    # entry wakes the lane's loop, which then raises
+                    left = intake.close()
+                    if left:
+                        await _to_topic_all(to_topic, left)
+
+            handed = asyncio.ensure_future(take_handed())
+            handoffs[(channel, priority)] = intake
             try:
                 async for events in take_ready(stream, window, ack=False):
                     if failed:
                         raise failed[0]
-                    disp = await app.resources.dispatcher()
-                    start = []  # (event, delivery, fate unknown) of the deliveries this take starts
-                    marks: dict[int, dict] = {}  # partition → the "calling" marks of its deliveries
-                    for ev in events:
-                        d: Delivery = ev.value
-                        if d.delivery_id in running or d.delivery_id in again:
-                            # a copy read while the call runs (read again after a rebalance's seek,
-                            # or a duplicate): acknowledged when the call is done, never before,
-                            # so the committed offset cannot pass an unfinished delivery
-                            again.setdefault(d.delivery_id, []).append(ev)
-                            continue
-                        st = inflight.get(d.delivery_id)
-                        if superseded(st, d.attempt, d.replay):
-                            await stream.ack(ev)  # superseded or done: a replay or duplicate
-                            continue
-                        fate_unknown = bool(st and st["s"] == "calling" and st["a"] == d.attempt
-                                            and st.get("r", 0) == d.replay)
-                        again[d.delivery_id] = []
-                        start.append((ev, d, fate_unknown))
-                        if marked:
-                            marks.setdefault(ev.message.partition, {})[d.delivery_id] = {
-                                "a": d.attempt, "s": "calling", "r": d.replay}
-                    # the "calling" marks of the take: one changelog entry per partition
-                    # (tables.put_many), durable before any of its calls starts
-                    written = {p: put_many(inflight, p, m) for p, m in marks.items()}
-                    for ev, d, fate_unknown in start:
-                        await turn()
-                        # a free slot, then this delivery starts at once: it never waits for
-                        # the rest of its take to find slots (that is, for the slowest call)
-                        await slots.acquire()
-                        holds.hold(ev.message.tp, ev.message.offset)
-                        mark = written.get(ev.message.partition)  # None: a lane without marks
-                        running[d.delivery_id] = asyncio.ensure_future(call(ev, d, disp, fate_unknown, mark))
+                    items = [(Handed(ev.message.tp, ev.message.offset, ev.message.partition, ev), ev.value)
+                             for ev in events]
+                    await start(items, await app.resources.dispatcher())
             finally:
+                if handoffs.get((channel, priority)) is intake:
+                    del handoffs[(channel, priority)]
+                handed.cancel()
+                left = intake.close()
+                if left:  # queued, never started: to the topic, then let go (in the background)
+                    asyncio.ensure_future(_to_topic_all(to_topic, left))
                 for task in list(running.values()):
                     task.cancel()  # the fate of a call cut short is unknown: its replay asks the provider
 
@@ -323,9 +394,18 @@ class Lanes:
         return topic, name, lane
 
 
+async def _to_topic_all(to_topic: Any, left: list) -> None:
+    for src, d in left:
+        try:
+            await to_topic(d, src)
+        except Exception:  # noqa: BLE001 - its source stays held: replayed after a restart
+            log.exception("lane: a handed delivery %s could not be written to its topic", d.delivery_id)
+
+
 def register(app: Any, emit: Any) -> Lanes:
     """A lane agent for every channel × priority lane of this app's role."""
     lanes = Lanes(app, emit)
+    emit.handoff = lanes.offer
     for key, topic in app.declared.lanes.items():
         if app.runs(topic):
             topic, name, fun = lanes.make_lane(*key)

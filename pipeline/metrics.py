@@ -8,6 +8,9 @@ agent_errors = Counter("notify_agent_errors_total",
                        "Entries an agent failed on (dead-lettered as agent_error; the agent went on)", ["agent"])
 outcomes = Counter("notify_outcomes_total", "Outcomes emitted", ["state", "reason"])
 attempts = Counter("notify_attempts_total", "Provider calls", ["provider", "result"])
+handoffs = Counter("notify_lane_handoffs_total",
+                   "Deliveries handed to a lane of the same worker in memory, not through its topic",
+                   ["channel", "priority"])
 send_latency = Histogram(
     "notify_send_latency_seconds", "Provider call latency", ["channel", "priority"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),

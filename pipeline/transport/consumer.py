@@ -791,6 +791,20 @@ class Consumer(FastDrain, base.Consumer):
 
     # -- commits -----------------------------------------------------------
 
+    def _filter_committable_offsets(self, tps: Any) -> dict:
+        """Faust's committable offsets, each lowered here to the lowest offset held
+        (holds.py), before the sinks and the producer flush: a hold released during
+        that flush (a delivery handed to a lane in memory, done meanwhile: its records
+        were added after the flush began) must not let this commit pass the event it
+        came from. The records of what was done before this point are in the flush."""
+        holds = self.holds
+        out = {}
+        for tp, offset in super()._filter_committable_offsets(tps).items():
+            offset = holds.cap(tp, offset)
+            if self._should_commit(tp, offset):
+                out[tp] = offset
+        return out
+
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Commit ``offsets``: one COMMIT_PART per partition index (its offsets and
         fence copy share a hash slot: docs/adr/0004-group-state-by-partition.md), all
