@@ -107,8 +107,7 @@ def test_every_command_on_a_cluster_of_three_masters(cluster, tmp_path):
         # the dead letter, and the same event dead-lettered again once replayed (soon)
         assert any(line.split()[:1] == ["notify.dlq"] and line.split()[1] in ("1", "2") for line in status.splitlines()), \
             status
-        # read by the priority process (which hands its SMS to its own lane in memory:
-        # nothing on notify.send.sms.high)
+        # read by the priority process
         assert any(line.split()[:2] == ["notify.events.high", "1"] and line.split()[2:] == ["1", "0"]
                    for line in status.splitlines()), status
         assert any("/main-0 " in line and " up " in line for line in status.splitlines()), status
