@@ -129,11 +129,6 @@ class Consumer(FastDrain, base.Consumer):
         self._replaced: set[Any] = set()
         #: offsets still being worked on (a lane's calls in flight): commits stop below them
         self.holds = CommitHolds()
-        #: partition → the offset Faust counts as committed, which a hold kept the
-        #: committed offset below (committed again until it gets there)
-        self._behind: dict[TP, int] = {}
-        #: the holds read with the offsets of the commit under way
-        self._caps: dict[TP, int] = {}
         opts = transport.options
         self._compaction = Schedule()
         self._horizons = Horizons(opts.keep_s)
@@ -796,22 +791,6 @@ class Consumer(FastDrain, base.Consumer):
 
     # -- commits -----------------------------------------------------------
 
-    def _filter_committable_offsets(self, tps: Any) -> dict:
-        """Faust's committable offsets, and the holds (holds.py) read now, before the
-        sinks and the producer flush: a hold released during that flush (a delivery
-        handed to a lane in memory, done meanwhile: its records were added after the
-        flush began) must not let this commit pass the event it came from, whose
-        offset Faust took as acknowledged long before. Faust keeps counting the
-        offsets it returns as committed; a partition a hold kept behind them
-        (:attr:`_behind`) is committed again at the next commits, acknowledged
-        entries or not, until it reaches them."""
-        offsets = dict(super()._filter_committable_offsets(tps))
-        for tp, target in self._behind.items():
-            offsets.setdefault(tp, target)
-        holds = self.holds
-        self._caps = {tp: holds.cap(tp, offset) for tp, offset in offsets.items()}
-        return offsets
-
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Commit ``offsets``: one COMMIT_PART per partition index (its offsets and
         fence copy share a hash slot: docs/adr/0004-group-state-by-partition.md), all
@@ -821,17 +800,10 @@ class Consumer(FastDrain, base.Consumer):
         group = self.app.conf.id
         by_p: dict[int, list[Any]] = {}
         holds = self.holds
-        caps, behind = self._caps, self._behind
-        for tp, target in offsets.items():
+        for tp, offset in offsets.items():
             if tp not in self._assigned:
-                behind.pop(tp, None)
                 continue
-            # never past an entry whose work is in flight, now or when the offsets were taken
-            offset = min(holds.cap(tp, target), caps.get(tp, target))
-            if offset < target:
-                behind[tp] = target
-            else:
-                behind.pop(tp, None)
+            offset = holds.cap(tp, offset)  # never past an entry whose work is in flight
             fence = self._commit_fence(tp)
             if fence is None:
                 log.warning("not committing %s: slot no longer owned", tp)
