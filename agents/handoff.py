@@ -1,6 +1,7 @@
 """A lane's in-memory intake: deliveries planned on this worker for a lane that runs
 here, handed to it without a round trip through the lane's topic
-(docs/adr/0002-cost-per-notification.md, "Hand-off to a local lane").
+(docs/adr/0002-cost-of-one-notification.md, "Hand-off to a local lane"; off by
+default: ``NOTIFY_HANDOFF``).
 
 What the topic's entry gave, and what stands for it here:
 
@@ -9,7 +10,7 @@ What the topic's entry gave, and what stands for it here:
   holds.py): no commit passes it until the delivery is done. A crash replays the
   source; it is planned again (its dedup entry's replay token) and the lane's
   inflight marks reconcile or skip, as for a topic entry read again.
-* **Never holding the planner**: :meth:`Handoff.offer` only queues while the
+* **Never holding the planner**: ``Lanes.offer`` (agents/lanes.py) only queues while the
   lane has room (its window); past that, and for a copy of a delivery the lane
   has already, the delivery goes through the topic as before. A marketing
   backlog never holds the loop that plans transactional or OTP events.

@@ -261,7 +261,7 @@ class Lanes:
         inflight = app.user_tables.inflight
         name = f"lane.{channel}.{priority}"
         marked = marks_calls(channel)
-        handoffs = self.handoffs if app.settings.env.handoff else {}
+        handoff = app.settings.env.handoff  # NOTIFY_HANDOFF: an in-memory intake (agents/handoff.py)
 
         async def lane(stream):
             turn = turns_for(stream)
@@ -371,8 +371,10 @@ class Lanes:
                     if left:
                         await _to_topic_all(to_topic, left)
 
-            handed = asyncio.ensure_future(take_handed())
-            handoffs[(channel, priority)] = intake
+            handed = None
+            if handoff:
+                handed = asyncio.ensure_future(take_handed())
+                self.handoffs[(channel, priority)] = intake
             try:
                 async for events in take_ready(stream, window, ack=False):
                     if failed:
@@ -381,9 +383,10 @@ class Lanes:
                              for ev in events]
                     await start(items, await app.resources.dispatcher())
             finally:
-                if handoffs.get((channel, priority)) is intake:
-                    del handoffs[(channel, priority)]
-                handed.cancel()
+                if self.handoffs.get((channel, priority)) is intake:
+                    del self.handoffs[(channel, priority)]
+                if handed is not None:
+                    handed.cancel()
                 left = intake.close()
                 if left:  # queued, never started: to the topic, then let go (in the background)
                     asyncio.ensure_future(_to_topic_all(to_topic, left))

@@ -112,13 +112,13 @@ def plan_compaction(
             dropped[key] = e
         else:
             due = min(due, e.ts + tombstone_grace_s) if due is not None else e.ts + tombstone_grace_s
-    _keep_needed_tombstones(dropped, older, live, doomed)
+    _keep_needed_tombstones(dropped, older, doomed)
     if tail is not None and tail in doomed:
         doomed.remove(tail)  # retention: the tail stays whatever its age
     return Plan(doomed, len(entries) - len(doomed), due)
 
 
-def _keep_needed_tombstones(dropped: dict, older: dict, live: dict, doomed: list) -> None:
+def _keep_needed_tombstones(dropped: dict, older: dict, doomed: list) -> None:
     """Give back each dropped tombstone whose key some kept group still holds an
     older value of; a tombstone given back may be a group that holds older values
     of other keys, so repeat until nothing changes."""
@@ -131,8 +131,6 @@ def _keep_needed_tombstones(dropped: dict, older: dict, live: dict, doomed: list
                 continue
             del dropped[key]
             changed = True
-            if e.group is not None:
-                live[e.id] += 1
             if e.id in gone:
                 gone.discard(e.id)
                 doomed.remove(e.id)
