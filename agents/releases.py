@@ -38,8 +38,15 @@ class Releases:
         return self.current
 
     async def refresh(self) -> None:
-        client = await self.app.resources.side_client()
-        raw = await client.hgetall(self.app.transport.keys.releases)
+        """Read the releases set through the API again; while the broker is away (a
+        master failing over, past the client's retries) the last ones stand: a timer
+        that raised would crash the worker."""
+        try:
+            client = await self.app.resources.side_client()
+            raw = await client.hgetall(self.app.transport.keys.releases)
+        except Exception as exc:  # noqa: BLE001 - the broker is away: keep the last releases
+            log.warning("releases: not read (%s); the last ones stand", exc)
+            return
         self.current = merged(tuple(self.app.settings.releases), raw)
 
 

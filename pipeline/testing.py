@@ -31,7 +31,9 @@ __all__ = ["running", "send_event", "wait_records"]
 async def running(settings: Any, role: Optional[str] = None, *, assigned_within: float = 30.0,
                   **conf: Any) -> AsyncIterator[NotifyApp]:
     """An app of ``role`` with its agents, started in this event loop; stopped (and
-    its record store closed) on the way out. Yields once the app owns partitions."""
+    its record store closed) on the way out. Yields once the app owns partitions and
+    has recovered their tables (a table change made before would be replaced by the
+    recovery's read of the changelog, as no agent's can be)."""
     from agents import register_agents
 
     app = create_app(settings, role, **conf)
@@ -39,9 +41,10 @@ async def running(settings: Any, role: Optional[str] = None, *, assigned_within:
     await app.start()
     try:
         deadline = time.monotonic() + assigned_within
-        while not app.consumer.assignment():
+        while not (app.consumer.assignment() and app.tables.recovery.completed.is_set()
+                   and not app.rebalancing):
             if time.monotonic() > deadline:
-                raise TimeoutError("the app was assigned no partition")
+                raise TimeoutError("the app was assigned no partition, or did not recover its tables")
             await asyncio.sleep(0.02)
         yield app
     finally:

@@ -79,3 +79,30 @@ def test_a_template_version_and_a_channel_go_to_internal_users_first(redis_url, 
         assert rows[("gr:2", "gr1", "inbox")]["template_version"] == 2
     finally:
         pipe.stop()
+
+
+async def test_the_releases_stand_while_the_broker_is_away():
+    """``releases.refresh`` is a timer of every worker: a read that fails (a master
+    failing over, past the client's retries) keeps the last releases; raised, it
+    crashed the worker (the cluster failover drill saw it)."""
+    from types import SimpleNamespace
+
+    from agents.releases import Releases
+    from config.settings import load_settings
+    import redis.asyncio as aioredis
+
+    settings = load_settings()
+    dead = aioredis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=0.5)
+
+    async def side_client():
+        return dead
+
+    app = SimpleNamespace(settings=settings, resources=SimpleNamespace(side_client=side_client),
+                          transport=SimpleNamespace(keys=SimpleNamespace(releases="nfs:releases")))
+    r = Releases(app)
+    before = r.releases()
+    try:
+        await r.refresh()  # refused: no exception
+    finally:
+        await dead.aclose()
+    assert r.releases() == before
