@@ -549,6 +549,23 @@ class Consumer(FastDrain, base.Consumer):
     def assignment(self) -> Set[TP]:
         return set(self._assigned)
 
+    def ack(self, message: Any) -> bool:
+        """Faust's, except for a message no agent was handed: a stream drops what it
+        takes from its queue while the flow is suspended (a rebalance has begun) or
+        that was read in an earlier generation, and acknowledges it so that lag does
+        not grow. Counted as done, it let the revoke's commit pass an event nobody
+        handled: the partition's next reader (this worker or another) started after
+        it and the event was never planned (the elastic fault drill lost an OTP
+        written during a join that way). Such a message is let go here without
+        counting it, so the committed offset stays below it and it is read again.
+        A message an agent took (``tracked``: set by the stream before any
+        processor, filters included) is counted as Faust counts it."""
+        if not message.tracked and not message.acked:
+            message.acked = True
+            self._unacked_messages.discard(message)
+            return False
+        return super().ack(message)
+
     def owns(self, topic: str, partition: int) -> bool:
         """Whether ``topic[partition]`` is assigned to this worker now (no copy of
         the assignment, as :meth:`assignment` makes)."""

@@ -260,19 +260,47 @@ class Drill:
                 return time.monotonic() - t0
             time.sleep(0.5 if want < 20000 else 1.5)
 
-    def dead_letters(self, source: str = "expand") -> list[dict]:
+    def dead_letters(self, source: Optional[str] = "expand") -> list[dict]:
+        """The dead letters of ``source`` (None: all)."""
         out = []
         for p in range(PARTITIONS):
             for _id, f in self.r.xrange(K.stream("notify.dlq", p)):
                 d = json.loads(f[b"v"])
-                if d.get("source") == source:
+                if source is None or d.get("source") == source:
                     out.append(d)
+        return out
+
+    def trace(self, *needles: str) -> dict[str, int]:
+        """``"<topic>|<p>"`` → how many entries of that stream mention every one of
+        ``needles`` (a lost record's business key and user): where its work went."""
+        want = [n.encode() for n in needles]
+        out: dict[str, Any] = {}
+        for key in self.r.scan_iter(match="nfs:{notify*:s", count=1000):
+            found = []
+            for _id, f in self.r.xrange(key):
+                blob = b" ".join(v for v in f.values() if isinstance(v, bytes))
+                if all(w in blob for w in want):
+                    found.append(blob)
+            if found:
+                name = key.decode().split("{", 1)[1].split("}", 1)[0]
+                # an outcome says its channel and state: which ones were published
+                out[name] = [" ".join(str(m.get(k)) for k in ("channel", "state", "reason")) for m in map(_json_in, found)
+                             ] if name.startswith("notify.outcomes") else len(found)
         return out
 
     def committed_by(self) -> dict[str, tuple[int, str]]:
         """``"<topic>|<p>"`` → (committed offset, token of the committer)."""
         raw = {k.decode(): v.decode() for k, v in committed.read_all_sync(self.r, K, GROUP).items()}
         return {f: (int(v), raw.get(f + "@", "")) for f, v in raw.items() if not f.endswith("@")}
+
+
+def _json_in(blob: bytes) -> dict:
+    """The JSON object inside an entry's fields (joined), or {}."""
+    i, j = blob.find(b"{"), blob.rfind(b"}")
+    try:
+        return json.loads(blob[i:j + 1]) if i >= 0 else {}
+    except ValueError:
+        return {}
 
 
 # --------------------------------------------------------------------------- checks

@@ -115,6 +115,18 @@ def _fill_verdict(res: Result, v, d: Drill) -> None:
     res.unknown_reconciled = v.reconciled
     res.figures.update(v.figures())
     res.problems = v.problems()
+    if v.lost:
+        # an entry an agent failed on is dead-lettered (pipeline/entries.py contained):
+        # a record lost that way says why here
+        errors = [f"{x.get('source')}@{x.get('partition')}:{x.get('offset')} {x.get('detail')}"
+                  for x in d.dead_letters(None) if x.get("reason") == "agent_error"]
+        if errors:
+            res.problems += f" | agent errors dead-lettered: {len(errors)} e.g. {errors[:3]}"
+        (biz, user, _channel), _have, _want = v.lost[0]
+        res.figures["entries of the first lost record, by stream"] = d.trace(biz, user)
+        res.figures["log lines of the first lost record"] = [
+            f"{name}: {line[:300]}" for name in d.names.values() for line in d.pipe.log(name).splitlines()
+            if biz in line][:20]
     res.checks.update({
         "every accepted event reached a terminal state": not v.lost,
         "records equal the model": not v.wrong and not v.extra,

@@ -1,0 +1,59 @@
+"""A message a stream drops unhandled never counts as done (pipeline/transport/
+consumer.py ``Consumer.ack``): Faust's stream acknowledges what it takes from its
+queue while the flow is suspended or from an earlier generation, and counted,
+that let a rebalance's commit pass an event no agent had planned (the elastic
+fault drill lost an OTP written during a join). Faust's own ``ack`` and
+``_new_offset`` run here; only the consumer's construction is skipped."""
+
+from collections import defaultdict
+from types import SimpleNamespace
+from weakref import WeakSet
+
+from faust.types import TP, ConsumerMessage
+from intervaltree import IntervalTree
+
+from pipeline.transport.consumer import Consumer
+
+TP0 = TP("notify.events.high", 3)
+
+
+def _consumer() -> Consumer:
+    c = Consumer.__new__(Consumer)
+    c._acked, c._acked_index = defaultdict(list), defaultdict(set)
+    c._committed_offset = defaultdict(lambda: None)
+    c._committed_offset[TP0] = 30  # every event before 30 handled and committed
+    c._unacked_messages = WeakSet()
+    c._waiting_for_ack, c._n_acked = None, 0
+    c._gap = defaultdict(IntervalTree)
+    c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
+    return c
+
+
+def _message(offset: int, taken: bool) -> ConsumerMessage:
+    m = ConsumerMessage(TP0.topic, TP0.partition, offset, 0.0, 0, [], b"k", b"v", None, 1, 1, TP0, generation_id=1)
+    m.tracked = taken  # what Faust's stream sets once an agent is handed the message
+    return m
+
+
+def test_a_message_the_stream_dropped_does_not_move_the_committed_offset():
+    c = _consumer()
+    dropped = _message(30, taken=False)  # in the stream's queue when the revoke began
+    assert dropped.ack(c) is False and dropped.acked
+    assert c._new_offset(TP0) is None  # nothing to commit: 30 is read again
+    # handled after the rebalance (the seek read it again): counted as Faust counts it
+    again = _message(30, taken=True)
+    assert again.ack(c) is True
+    assert c._new_offset(TP0) == 31
+
+
+def test_messages_an_agent_took_count_as_before():
+    c = _consumer()
+    for offset in (30, 31, 32):
+        assert _message(offset, taken=True).ack(c) is True
+    assert c._new_offset(TP0) == 33
+    # one dropped in between holds the commit below it
+    c = _consumer()
+    _message(30, taken=True).ack(c)
+    _message(31, taken=False).ack(c)
+    _message(32, taken=True).ack(c)
+    assert c._new_offset(TP0) == 31
