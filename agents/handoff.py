@@ -10,10 +10,16 @@ What the topic's entry gave, and what stands for it here:
   holds.py): no commit passes it until the delivery is done. A crash replays the
   source; it is planned again (its dedup entry's replay token) and the lane's
   inflight marks reconcile or skip, as for a topic entry read again.
-* **Never holding the planner**: ``Lanes.offer`` (agents/lanes.py) only queues while the
-  lane has room (its window); past that, and for a copy of a delivery the lane
-  has already, the delivery goes through the topic as before. A marketing
-  backlog never holds the loop that plans transactional or OTP events.
+* **Never waiting in memory**: ``Lanes.offer`` (agents/lanes.py) hands a delivery
+  over only while the lane has a free slot for it (of its window, none taken by
+  a call or by a delivery waiting for one); otherwise, and for a copy of a
+  delivery the lane has already, the delivery goes through the topic as before.
+  So a handed delivery starts at once and its source is held for the call's
+  time only: queued behind a busy lane (a provider's rate limit, a backlog), it
+  held its event, and every later event of that partition, uncommitted for as
+  long, and the backpressure read that as a backlog 60 s old and deferred the
+  campaign (bench/real.py: half the throughput). A marketing backlog never holds
+  the loop that plans transactional or OTP events.
 * **The partition moving**: a handed delivery whose "calling" mark is refused
   (this worker lost the lane's partition) is written to the lane's topic for its
   new owner; a lane that stops writes what it had queued to the topic too.
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["Handed", "Handoff"]
 
@@ -43,11 +49,13 @@ class Handed:
 
 
 class Handoff:
-    """The queue of one lane: at most ``room`` deliveries waiting for a slot."""
+    """The queue of one lane: at most as many deliveries as the lane has free slots
+    (``free()``: its window less the calls running and the deliveries waiting for a
+    slot)."""
 
-    def __init__(self, topic: str, room: int, busy: Any) -> None:
+    def __init__(self, topic: str, free: Callable[[], int], busy: Any) -> None:
         self.topic = topic
-        self.room = room
+        self.free = free
         #: delivery ids the lane has in flight or started (a copy goes through the topic)
         self.busy = busy
         self.queue: deque = deque()
@@ -55,7 +63,7 @@ class Handoff:
         self.open = True
 
     def has_room(self, delivery_id: str) -> bool:
-        return self.open and len(self.queue) < self.room and delivery_id not in self.busy
+        return self.open and len(self.queue) < self.free() and delivery_id not in self.busy
 
     def put(self, d: Any, src: Handed) -> None:
         self.queue.append((src, d))

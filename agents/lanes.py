@@ -271,7 +271,8 @@ class Lanes:
             failed: list[BaseException] = []
             inbox = InboxWriter(app.resources.with_store)
             holds = app.consumer.holds  # the committed offset stays below a call in flight
-            intake = Handoff(topic_name, window, again)
+            waiting = [0]  # deliveries taken (from the topic or the intake) that wait for a slot
+            intake = Handoff(topic_name, lambda: window - len(running) - waiting[0], again)
 
             async def settle(src: Handed) -> None:
                 """Done with ``src``: its topic entry acknowledged, its hold released."""
@@ -345,16 +346,23 @@ class Lanes:
                 # the "calling" marks of the take: one changelog entry per partition
                 # (tables.put_many), durable before any of its calls starts
                 written = {p: put_many(inflight, p, m) for p, m in marks.items()}
-                for src, d, fate_unknown in starting:
-                    await turn()
-                    # a free slot, then this delivery starts at once: it never waits for
-                    # the rest of its take to find slots (that is, for the slowest call)
-                    await slots.acquire()
-                    if not src.held:
-                        src.held = True
-                        holds.hold(src.tp, src.offset)
-                    mark = written.get(src.partition)  # None: a lane without marks
-                    running[d.delivery_id] = asyncio.ensure_future(call(src, d, disp, fate_unknown, mark))
+                waiting[0] += len(starting)
+                left = len(starting)
+                try:
+                    for src, d, fate_unknown in starting:
+                        await turn()
+                        # a free slot, then this delivery starts at once: it never waits for
+                        # the rest of its take to find slots (that is, for the slowest call)
+                        await slots.acquire()
+                        if not src.held:
+                            src.held = True
+                            holds.hold(src.tp, src.offset)
+                        mark = written.get(src.partition)  # None: a lane without marks
+                        running[d.delivery_id] = asyncio.ensure_future(call(src, d, disp, fate_unknown, mark))
+                        left -= 1
+                        waiting[0] -= 1
+                finally:
+                    waiting[0] -= left
 
             async def take_handed() -> None:
                 try:
