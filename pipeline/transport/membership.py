@@ -148,7 +148,10 @@ class Membership:
         self.group = group
         self.lease_ms = int(lease_s * 1000)
         self.sync_ms = int((sync_s if sync_s is not None else max(3 * lease_s, 5.0)) * 1000)
-        self.member_id = member_id or uuid.uuid4().hex[:12]
+        # never all digits: the log redaction (pipeline/redact.py) masks a bare run of
+        # 7-15 digits as a phone number, and a member id masked in the log is one
+        # nobody can find again (the elastic drill read "53********97" for its zombie)
+        self.member_id = member_id or "m" + uuid.uuid4().hex[:11]
         #: generation whose assignment is applied (0: none)
         self.applied_gen = 0
         #: generation this member revoked (and acknowledged) for

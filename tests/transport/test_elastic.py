@@ -402,3 +402,13 @@ def test_sigstopped_member_is_expelled_and_its_writes_are_refused(redis_url, red
     # its writes in flight at the SIGSTOP (changelog flush, commit) were refused by
     # Redis, or withheld once its heartbeat had told it it was expelled
     assert any(s in log for s in ("FENCED", "commit refused", "not the owner", "not committing")), log[-3000:]
+
+
+def test_a_member_id_survives_the_log_redaction():
+    """A member id all digits was masked in the log as a phone number
+    (pipeline/redact.py), and the elastic drill could not find its zombie again."""
+    from pipeline.redact import redact
+
+    for _ in range(2000):
+        mid = Membership(K, "g").member_id
+        assert len(mid) == 12 and redact(f"member {mid} joined group notify") == f"member {mid} joined group notify"
