@@ -559,12 +559,20 @@ class Consumer(FastDrain, base.Consumer):
         written during a join that way). Such a message is let go here without
         counting it, so the committed offset stays below it and it is read again.
         A message an agent took (``tracked``: set by the stream before any
-        processor, filters included) is counted as Faust counts it."""
-        if not message.tracked and not message.acked:
+        processor, filters included) is counted as Faust counts it, and so is one
+        acknowledged under a flowing current generation without reaching a stream:
+        an entry that did not decode, dead-lettered by its topic (Faust's conductor
+        acknowledges it there; tests/security/test_poison.py)."""
+        if not message.tracked and not message.acked and self._dropped_by_a_stream(message):
             message.acked = True
             self._unacked_messages.discard(message)
             return False
         return super().ack(message)
+
+    def _dropped_by_a_stream(self, message: Any) -> bool:
+        """What Faust's stream checks before it drops a message unhandled."""
+        app = self.app
+        return not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id
 
     def _new_offset(self, tp: TP) -> Optional[int]:
         """Faust's, except that nothing is committable while the committed offset's

@@ -25,7 +25,9 @@ def _consumer() -> Consumer:
     c._unacked_messages = WeakSet()
     c._waiting_for_ack, c._n_acked = None, 0
     c._gap = defaultdict(IntervalTree)
-    c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
+    # a rebalance has begun: the flow is suspended (what makes a stream drop a message)
+    c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
+                            flow_control=SimpleNamespace(is_active=lambda: False), consumer_generation_id=1)
     return c
 
 
@@ -57,6 +59,23 @@ def test_messages_an_agent_took_count_as_before():
     _message(31, taken=False).ack(c)
     _message(32, taken=True).ack(c)
     assert c._new_offset(TP0) == 31
+
+
+def test_an_entry_that_did_not_decode_counts_as_done():
+    """Faust's conductor acknowledges an entry whose key or value did not decode
+    (our topics dead-letter it) without handing it to a stream: under a flowing,
+    current generation that is done, and the commit passes it."""
+    c = _consumer()
+    c.app.flow_control = SimpleNamespace(is_active=lambda: True)
+    assert _message(30, taken=False).ack(c) is True
+    _message(31, taken=True).ack(c)
+    assert c._new_offset(TP0) == 32
+    # read in an earlier generation (a stream drops it): not done
+    c = _consumer()
+    c.app.flow_control = SimpleNamespace(is_active=lambda: True)
+    c.app.consumer_generation_id = 2
+    assert _message(30, taken=False).ack(c) is False
+    assert c._new_offset(TP0) is None
 
 
 def test_no_commit_passes_the_entry_at_the_committed_offset():
