@@ -270,9 +270,10 @@ class Drill:
                     out.append(d)
         return out
 
-    def trace(self, *needles: str) -> dict[str, int]:
+    def trace(self, *needles: str) -> dict[str, Any]:
         """``"<topic>|<p>"`` → how many entries of that stream mention every one of
-        ``needles`` (a lost record's business key and user): where its work went."""
+        ``needles`` (a lost record's business key and user), or for an outcome
+        stream the channel, state and reason of each: where its work went."""
         want = [n.encode() for n in needles]
         out: dict[str, Any] = {}
         for key in self.r.scan_iter(match="nfs:{notify*:s", count=1000):
