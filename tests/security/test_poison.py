@@ -44,8 +44,8 @@ return offset
 
 def xadd_raw(r, topic: str, partition: int, fields: list) -> int:
     """Write one entry with the given fields at the partition's next offset."""
-    tag = f"nfs:{{{topic}|{partition}}}"
-    return int(r.eval(_XADD_NEXT, 2, f"{tag}:n", f"{tag}:s", *fields))
+    keys = Keys()
+    return int(r.eval(_XADD_NEXT, 2, keys.counter(topic, partition), keys.stream(topic, partition), *fields))
 
 
 @pytest.fixture
