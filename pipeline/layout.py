@@ -51,6 +51,15 @@ class Proc:
     #: credentials): restarted with it
     restarts_workers: bool = False
 
+    @property
+    def group(self) -> Optional[str]:
+        """The consumer group a worker process reads as (None for the others)."""
+        if "worker" not in self.argv or "--role" not in self.argv:
+            return None
+        from .roles import app_id
+
+        return app_id(self.argv[self.argv.index("--role") + 1])
+
 
 #: how much the simulators' processes lower their CPU priority (see the module docs)
 SIMULATOR_NICE = 5

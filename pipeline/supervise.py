@@ -73,12 +73,15 @@ class Child:
     #: gave them at start: the simulators' ports and credentials)
     restart_with: tuple[str, ...] = ()
     planned: bool = False  # stopped on purpose: its exit is not a failure
+    #: the consumer group a worker reads as (reported, so that a command can tell
+    #: which groups are meant to run while one restarts: pipeline/cli/send.py)
+    group: Optional[str] = None
 
     def state(self, now: float) -> dict[str, Any]:
         up = self.proc is not None and self.proc.poll() is None
         return {"pid": self.proc.pid if up else None, "up": up, "restarts": self.restarts,
                 "last_exit": self.last_exit, "crash_loop": crash_looping(self.exits, now),
-                "since": self.started_at if up else None, "restart_at": self.due_at}
+                "since": self.started_at if up else None, "restart_at": self.due_at, "group": self.group}
 
 
 class Supervisor:

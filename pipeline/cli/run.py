@@ -74,7 +74,7 @@ def cmd_run(args) -> int:
         children.append(Child("broker", lambda: server.start().proc, proc=server.proc, started_at=time.time()))
     workers_of = tuple(p.name for p in procs if "worker" in p.argv)
     planned = [(p, Child(p.name, spawner(p.argv, p.env, p.waits_for),
-                         restart_with=workers_of if p.restarts_workers else ())) for p in procs]
+                         restart_with=workers_of if p.restarts_workers else (), group=p.group)) for p in procs]
     children += [c for _, c in planned]
     sims = [c for p, c in planned if p.restarts_workers]  # the simulators' families
     if info:  # what an earlier run left: the info file is written anew once every family's part is

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -145,21 +146,39 @@ def _wait_final(settings, biz_key: str, timeout: float) -> int:
     return 0 if all(r["status"] not in ("FAILED", "UNDELIVERED") for r in got) else 1
 
 
-def _wait_applied(url: str, written: list, timeout: float = 15.0) -> None:
-    """Until every running consumer group (the main and the priority role each keep a
-    copy of users' data) has committed past the entries ``written``, so the next
-    `notify send` finds the user as set; at most ``timeout`` seconds."""
+#: how long ``notify user set`` waits for the running workers to apply what it wrote
+APPLY_WAIT_S = 30.0
+
+
+def meant_to_run(client, keys) -> list[str]:
+    """The consumer groups (of the default layout's) that hold a slot now, or that a
+    ``notify run`` supervises a worker of, up or about to restart (a group between two
+    of its workers holds no slot for a moment)."""
     from pipeline.roles import GROUPS
+    from pipeline.supervise import read_states
+
+    states = read_states(client.hgetall(keys.supervisor)).values()
+    supervised = {s.get("group") for s in states if s.get("up") or s.get("restart_at") is not None}
+    return [g for g in GROUPS if g in supervised or client.exists(keys.lease(g, 0))]
+
+
+def _wait_applied(url: str, written: list, timeout: float = APPLY_WAIT_S) -> list[str]:
+    """Until every consumer group meant to run (:func:`meant_to_run`: the main and the
+    priority role each keep a copy of users' data) has committed past the entries
+    ``written``, so the next `notify send` finds the user as set; at most ``timeout``
+    seconds. Returns the groups that had not by then."""
     from pipeline.transport import committed
 
     keys, r = broker_keys(url), redis_client(url)
-    groups = [g for g in GROUPS if r.exists(keys.lease(g, 0))]
+    groups = meant_to_run(r, keys)
     deadline = time.time() + timeout
     tps = [(m.topic, m.partition) for m in written]
-    while time.time() < deadline:
-        if all((c or 0) > m.offset for g in groups
-               for m, c in zip(written, committed.read_sync(r, keys, g, tps))):
-            return
+    behind = groups
+    while True:
+        behind = [g for g in groups if not all((c or 0) > m.offset
+                                               for m, c in zip(written, committed.read_sync(r, keys, g, tps)))]
+        if not behind or time.time() >= deadline:
+            return behind
         time.sleep(0.1)
 
 
@@ -190,7 +209,10 @@ def cmd_user(args) -> int:
     if devices:
         written += asyncio.run(send_raw(url, "notify.devices",
                                          [(args.id.encode(), orjson.dumps(d)) for d in devices]))
-    _wait_applied(url, written)
+    behind = _wait_applied(url, written)
+    if behind:
+        print(f"notify: not applied yet by {', '.join(behind)} within {APPLY_WAIT_S:g}s (are its workers up?): "
+              "a notification sent now may not find this user as set", file=sys.stderr)
     print(json.dumps({"user": args.id, "preferences": sorted(k for k in prefs if k not in ("user_id", "version")),
                       "devices": len(devices)}))
     return 0

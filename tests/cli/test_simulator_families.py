@@ -321,6 +321,11 @@ def test_the_priority_role_in_several_processes_splits_its_partitions():
     assert [p.name for p in prio] == ["priority-0", "priority-1"]
     assert [(p.env["NOTIFY_WORKERS"], p.env["NOTIFY_WORKER_INDEX"]) for p in prio] == [("2", "0"), ("2", "1")]
     assert [p.metrics_port for p in prio] == [9102, 9103]
+    # the consumer group each worker reads as (reported by the supervisor: `notify user set` waits for it)
+    assert {p.name: p.group for p in procs if p.group} == {"priority-0": "notify-priority", "priority-1": "notify-priority",
+                                                           "main-0": "notify", "main-1": "notify"}
+    assert {p.name: p.group for p in layout.plan({}, workers=1, priority_process=False, api_port=8080,
+                                                 metrics_port=0, loglevel="warn")} == {"worker-0": "notify", "api": None}
     assert [p.name for p in layout.plan({}, workers=2, priority_process=True, api_port=0, metrics_port=0,
                                         loglevel="warn") if "priority" in p.argv] == ["priority"]
 
