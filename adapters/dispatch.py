@@ -6,6 +6,7 @@ result is decided by :mod:`pipeline.rules.attempts`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -76,9 +77,11 @@ class Dispatcher:
         }
         self.buckets = {n: TokenBucket(r, b, now) for n, (r, b) in (rates or {}).items()}
 
-    async def send(self, delivery: Delivery, *, reconciled: bool = False) -> SendRound:
+    async def send(self, delivery: Delivery, *, reconciled: bool = False, deadline: Optional[float] = None) -> SendRound:
         """Call providers for ``delivery`` until one takes it, answers in a way that
-        forbids failover, or none is left to try."""
+        forbids failover, or none is left to try; with ``deadline`` (seconds), a call
+        to a provider with a status query that has not answered by then is given up
+        as ``TIMEOUT_UNKNOWN`` (:meth:`_call`)."""
         # push: the token's platform ("apns:<token>", "fcm:<token>") picks the provider
         order = self._order(delivery)
         rnd = SendRound()
@@ -108,7 +111,7 @@ class Dispatcher:
                     if not rnd.results:
                         rnd.wait_s = wait
                     return rnd
-            result = await self.providers[name].send(delivery)
+            result = await self._call(self.providers[name], delivery, deadline)
             self.breakers[name].record(counts_as_success(result))
             if result.fault == Fault.CONFIG:
                 self._log_fault(name, result)
@@ -118,6 +121,24 @@ class Dispatcher:
             tried.append(name)
             if not may_failover(result) or delivery.unknown_provider:
                 return rnd
+
+    @staticmethod
+    async def _call(provider: Any, delivery: Delivery, deadline: Optional[float]) -> SendResult:
+        """``provider.send(delivery)``, given up after ``deadline`` seconds when the
+        provider can be asked afterwards whether it took the message (``status_query``):
+        then it is ``TIMEOUT_UNKNOWN``, reconciled by that query before any resend, as an
+        adapter's own read timeout is. A provider without a query keeps its adapter's
+        timeout: a deadline would turn its slow successes into REVIEW."""
+        if deadline is None or not provider.status_query:
+            return await provider.send(delivery)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(deadline):
+                return await provider.send(delivery)
+        except TimeoutError:
+            return SendResult(AttemptResult.TIMEOUT_UNKNOWN, provider.name,
+                              error=f"deadline: no answer within {deadline:g}s",
+                              latency_ms=(time.monotonic() - started) * 1000.0)
 
     def _order(self, delivery: Delivery) -> list[str]:
         order = self.routes.get(delivery.channel, [])

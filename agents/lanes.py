@@ -144,7 +144,8 @@ class Lanes:
                     out.inbox = _inbox_item(d, now)
                 return out
             reconciled = bool(d.unknown_provider)
-        rnd = await disp.send(d, reconciled=reconciled)
+        deadline = self.app.settings.call_deadlines.get(d.priority)
+        rnd = await disp.send(d, reconciled=reconciled, deadline=deadline)
         waited = 0.0
         while not rnd.results and rnd.wait_s and waited + rnd.wait_s <= IN_SLOT_WAIT_S:
             # out of rate (or a breaker about to half-open) for a moment: wait in this
@@ -153,7 +154,7 @@ class Lanes:
             # (behind whatever backlog they have: an OTP behind a campaign)
             await asyncio.sleep(rnd.wait_s)
             waited += rnd.wait_s
-            rnd = await disp.send(d, reconciled=reconciled)
+            rnd = await disp.send(d, reconciled=reconciled, deadline=deadline)
         if not rnd.results:  # breakers open or out of rate for longer: try later, no attempt made
             data = d.asdict()
             data["due_at"] = now + (rnd.wait_s or 0.1)

@@ -202,6 +202,11 @@ class Settings:
     #: priority → deliveries a lane agent of that priority takes at once, for every
     #: channel (``[lane_batch_size]``); a priority absent here uses the channel's own
     lane_batch_sizes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: priority → longest a lane of that priority waits for one provider call before
+    #: it counts as a timeout (UNKNOWN: reconciled by query before any resend), for
+    #: providers with a status query (``[call_deadline_s]``); a priority absent here
+    #: waits for the adapter's own timeout
+    call_deadlines: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     #: an event's ``send_at`` is at most this far after the time it is read (else 400 /
     #: dead letter bad_value), and, at the door (the API), at most ``max_send_past_s`` before it
     max_send_ahead_s: float = 30 * 86400.0
@@ -299,6 +304,7 @@ _TOP_KEYS = {
     "breaker",
     "receipt_poll_s",
     "lane_batch_size",
+    "call_deadline_s",
     "max_send_ahead_s",
     "max_send_past_s",
     "api",
@@ -374,6 +380,7 @@ def _build(raw: dict[str, Any], env: Environment, user_dir: Path | None) -> Sett
         breaker=_breaker(raw.get("breaker", {})),
         receipt_poll_s=_number("receipt_poll_s", raw.get("receipt_poll_s", 60.0), 0),
         lane_batch_sizes=MappingProxyType(_lane_batch_sizes(raw.get("lane_batch_size", {}))),
+        call_deadlines=MappingProxyType(_call_deadlines(raw.get("call_deadline_s", {}))),
         max_send_ahead_s=_number("max_send_ahead_s", raw.get("max_send_ahead_s", 30 * 86400), 1),
         max_send_past_s=_number("max_send_past_s", raw.get("max_send_past_s", 86400), 0),
         api=_api(raw.get("api", {})),
@@ -486,6 +493,13 @@ def _lane_batch_sizes(raw: Any) -> dict[str, int]:
         raise _bad("lane_batch_size", raw, "a table of priority = batch size")
     _no_unknown(raw, set(PRIORITIES), "lane_batch_size.")
     return {p: _int(f"lane_batch_size.{p}", v, 1) for p, v in raw.items()}
+
+
+def _call_deadlines(raw: Any) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise _bad("call_deadline_s", raw, "a table of priority = seconds")
+    _no_unknown(raw, set(PRIORITIES), "call_deadline_s.")
+    return {p: _number(f"call_deadline_s.{p}", v, 0.05) for p, v in raw.items()}
 
 
 def _number(key: str, value: Any, minimum: float) -> float:

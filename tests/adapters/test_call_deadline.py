@@ -1,0 +1,60 @@
+"""A lane's call deadline (``[call_deadline_s]``): a provider call with no answer by
+then is ``TIMEOUT_UNKNOWN``, reconciled by query before any resend, and never failed
+over; a provider that cannot be queried keeps its adapter's own timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from adapters.dispatch import Dispatcher
+from adapters.fake import FakeProvider
+from adapters.simulators.twilio_sim import RECONCILE_PARAM
+from adapters.sms_twilio import TwilioConfig, TwilioSmsProvider
+from adapters.sms_vendor import VendorSmsConfig, VendorSmsProvider
+from config.settings import ConfigError, load_settings
+from pipeline.models import AttemptResult
+
+
+async def test_a_hung_call_is_unknown_at_the_deadline_and_reconciled_not_failed_over(twilio_sim, vendor_sim,
+                                                                                     make_delivery):
+    twilio = TwilioSmsProvider(TwilioConfig(account_sid=twilio_sim.account_sid, auth_token=twilio_sim.auth_token,
+                                            from_number="+15005550006", base_url=twilio_sim.base_url,
+                                            reconcile_param=RECONCILE_PARAM, timeout=10.0))
+    vendor = VendorSmsProvider(VendorSmsConfig(base_url=vendor_sim.base_url, api_key=vendor_sim.api_key))
+    disp = Dispatcher({"twilio": twilio, "smsvendor": vendor}, {"sms": ["twilio", "smsvendor"]})
+    try:
+        d = make_delivery("sms", "+14155550004", {"body": "code"}, priority="high")  # ...0004: taken, then no answer
+        t0 = time.monotonic()
+        rnd = await disp.send(d, deadline=0.4)
+        took = time.monotonic() - t0
+        [r] = rnd.results  # no failover: the provider may have it
+        assert r.result == AttemptResult.TIMEOUT_UNKNOWN and r.provider == "twilio" and "deadline" in r.error, r
+        assert 0.35 <= took < 2.0 and 350 <= r.latency_ms < 2000, (took, r.latency_ms)
+        q = await disp.query(d.derive(unknown_provider="twilio"))
+        assert q.found  # reconciled: taken, so no resend
+        assert twilio_sim.core.calls(d.delivery_id) == 1 and len(vendor_sim.core.ledger) == 0
+        # an ordinary number answers well within the deadline
+        ok = (await disp.send(make_delivery("sms", "+14155550123", {"body": "code"}), deadline=0.4)).results
+        assert [x.result for x in ok] == [AttemptResult.ACCEPTED]
+    finally:
+        await disp.close()
+
+
+async def test_a_provider_without_a_query_keeps_its_own_timeout(make_delivery):
+    slow = FakeProvider("noquery", "sms", latency_s=0.3, query_supported=False)
+    disp = Dispatcher({"noquery": slow}, {"sms": ["noquery"]})
+    [r] = (await disp.send(make_delivery("sms", "+14155550123", {"body": "x"}), deadline=0.05)).results
+    assert r.result == AttemptResult.ACCEPTED  # a deadline would have made it unknowable (REVIEW)
+
+
+def test_the_deadlines_by_priority_from_the_config(tmp_path):
+    assert dict(load_settings(env={}).call_deadlines) == {"high": 1.5}
+    cfg = tmp_path / "n.toml"
+    cfg.write_text("[call_deadline_s]\nnormal = 3\n")
+    assert dict(load_settings(cfg, env={}).call_deadlines) == {"high": 1.5, "normal": 3.0}
+    for bad in ("urgent = 1", "high = 0", "high = \"soon\""):
+        cfg.write_text(f"[call_deadline_s]\n{bad}\n")
+        with pytest.raises(ConfigError, match="call_deadline_s"):
+            load_settings(cfg, env={})
