@@ -1,7 +1,7 @@
 """A lane's in-memory intake: deliveries planned on this worker for a lane that runs
 here, handed to it without a round trip through the lane's topic
-(docs/adr/0002-cost-of-one-notification.md, "Hand-off to a local lane"; off by
-default: ``NOTIFY_HANDOFF``).
+(docs/adr/0002-cost-of-one-notification.md, "Hand-off to a local lane"; on by
+default, ``NOTIFY_HANDOFF=0`` turns it off).
 
 What the topic's entry gave, and what stands for it here:
 

@@ -57,7 +57,7 @@ class Environment:
     inflight_keep_s: float = _knob("NOTIFY_INFLIGHT_KEEP_S", 3600.0, "how long a done delivery's inflight mark is kept (s)")
     purge_chunk: int = _knob("NOTIFY_PURGE_CHUNK", 500, "tombstones the purge sends before it waits for them")
     scheduler_batch: int = _knob("NOTIFY_SCHEDULER_BATCH", 1000, "timers fired per scheduler pass")
-    handoff: bool = _knob("NOTIFY_HANDOFF", False, "a delivery planned for a lane of the same worker is handed to it in memory, not through its topic (off: a commit race it opens is not closed yet, docs/adr/0002)")
+    handoff: bool = _knob("NOTIFY_HANDOFF", True, "a delivery planned for a lane of the same worker with a free slot is handed to it in memory, not through its topic (0: always through the topic; docs/adr/0002)")
     # -- the clock (tests move it) -------------------------------------------------
     clock_offset_s: float = _knob("NOTIFY_CLOCK_OFFSET_S", 0.0, "seconds added to the pipeline's wall clock")
     clock_file: Optional[str] = _knob("NOTIFY_CLOCK_FILE", None, "a file holding a clock offset, re-read when it changes")

@@ -129,6 +129,11 @@ class Consumer(FastDrain, base.Consumer):
         self._replaced: set[Any] = set()
         #: offsets still being worked on (a lane's calls in flight): commits stop below them
         self.holds = CommitHolds()
+        #: partition → the offset Faust counts as committed, which a hold kept the
+        #: committed offset below (committed again until it gets there)
+        self._behind: dict[TP, int] = {}
+        #: the holds read with the offsets of the commit under way
+        self._caps: dict[TP, int] = {}
         opts = transport.options
         self._compaction = Schedule()
         self._horizons = Horizons(opts.keep_s)
@@ -391,6 +396,10 @@ class Consumer(FastDrain, base.Consumer):
         # are read: what the drain delivered while this awaited was delivered again
         # from the committed offsets (a bad entry dead-lettered twice at start-up)
         self._epoch += 1
+        # read again from the committed offsets, and Faust's count set back to them
+        # (perform_seek): a target a hold kept a commit below is no longer one, or
+        # the next commit would pass entries read again and not yet handled
+        self._behind.clear()
         keys = self.transport.keys
         client = await self.transport.client()
         fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
@@ -832,6 +841,22 @@ class Consumer(FastDrain, base.Consumer):
 
     # -- commits -----------------------------------------------------------
 
+    def _filter_committable_offsets(self, tps: Any) -> dict:
+        """Faust's committable offsets, and the holds (holds.py) read now, before the
+        sinks and the producer flush: a hold released during that flush (a delivery
+        handed to a lane in memory, done meanwhile: its records were added after the
+        flush began) must not let this commit pass the event it came from, whose
+        offset Faust took as acknowledged long before. Faust keeps counting the
+        offsets it returns as committed; a partition a hold kept behind them
+        (:attr:`_behind`) is committed again at the next commits, acknowledged
+        entries or not, until it reaches them."""
+        offsets = dict(super()._filter_committable_offsets(tps))
+        for tp, target in self._behind.items():
+            offsets.setdefault(tp, target)
+        holds = self.holds
+        self._caps = {tp: holds.cap(tp, offset) for tp, offset in offsets.items()}
+        return offsets
+
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Commit ``offsets``: one COMMIT_PART per partition index (its offsets and
         fence copy share a hash slot: docs/adr/0004-group-state-by-partition.md), all
@@ -841,10 +866,17 @@ class Consumer(FastDrain, base.Consumer):
         group = self.app.conf.id
         by_p: dict[int, list[Any]] = {}
         holds = self.holds
-        for tp, offset in offsets.items():
+        caps, behind = self._caps, self._behind
+        for tp, target in offsets.items():
             if tp not in self._assigned:
+                behind.pop(tp, None)
                 continue
-            offset = holds.cap(tp, offset)  # never past an entry whose work is in flight
+            # never past an entry whose work is in flight, now or when the offsets were taken
+            offset = min(holds.cap(tp, target), caps.get(tp, target))
+            if offset < target:
+                behind[tp] = target
+            else:
+                behind.pop(tp, None)
             fence = self._commit_fence(tp)
             if fence is None:
                 log.warning("not committing %s: slot no longer owned", tp)

@@ -3,7 +3,11 @@ consumer.py ``Consumer.ack``): Faust's stream acknowledges what it takes from it
 queue while the flow is suspended or from an earlier generation, and counted,
 that let a rebalance's commit pass an event no agent had planned (the elastic
 fault drill lost an OTP written during a join). Faust's own ``ack`` and
-``_new_offset`` run here; only the consumer's construction is skipped."""
+``_new_offset`` run here; only the consumer's construction is skipped.
+
+And a commit never passes an entry whose work is in flight (a lane's delivery handed
+over in memory holds its source event: pipeline/transport/holds.py), even when the
+hold is released while the commit's flush runs."""
 
 from collections import defaultdict
 from types import SimpleNamespace
@@ -13,6 +17,8 @@ from faust.types import TP, ConsumerMessage
 from intervaltree import IntervalTree
 
 from pipeline.transport.consumer import Consumer
+from pipeline.transport.holds import CommitHolds
+from pipeline.transport.keys import Keys
 
 TP0 = TP("notify.events.high", 3)
 
@@ -92,3 +98,70 @@ def test_no_commit_passes_the_entry_at_the_committed_offset():
     c._gap[TP0].addi(30, 31)  # an offset the drain took for a gap counts as done, as in Faust
     _message(31, taken=True).ack(c)
     assert c._new_offset(TP0) == 32
+
+
+class _Commits(Consumer):
+    """The consumer's commit path with its Redis script replaced by a list."""
+
+    def __init__(self) -> None:  # noqa: D107 - the state the commit path reads, as _consumer builds it
+        base = _consumer()
+        self.__dict__.update(base.__dict__)
+        self.app.flow_control = SimpleNamespace(is_active=lambda: True)
+        self.app.conf = SimpleNamespace(id="notify")
+        self.transport = SimpleNamespace(keys=Keys())
+        self.holds = CommitHolds()
+        self._behind, self._caps = {}, {}
+        self._assigned = {TP0}
+        self.written: list[int] = []
+
+    def _commit_fence(self, tp):
+        return b"token", "m1:1"
+
+    async def _commit_part(self, group, partition, args):
+        self.written.append(args[1])
+        return True
+
+    async def commit_once(self) -> None:
+        """Faust's order: the offsets taken, then the flush (during which ``during``
+        runs), then the commit; Faust counts what it took as committed."""
+        offsets = self._filter_committable_offsets([TP0])
+        self.during()
+        if offsets:
+            await self._commit(offsets)
+            self._committed_offset.update(offsets)
+
+    def during(self) -> None:
+        pass
+
+
+async def test_a_hold_released_during_the_flush_keeps_the_commit_below_it_until_the_next():
+    """A delivery handed to a lane in memory holds its source event's offset until
+    it is done; done while the commit's flush runs (its records added after the
+    flush began, so not in this commit's writes), the commit must still stop at the
+    source (the offsets were taken with the hold), and the next commit reaches what
+    Faust already counts as committed, with no new acknowledgement."""
+    c = _Commits()
+    c.holds.hold(TP0, 30)  # the source event at 30, its delivery in a lane's slot
+    for offset in (30, 31, 32):
+        _message(offset, taken=True).ack(c)
+    c.during = lambda: c.holds.release(TP0, 30)  # the delivery is done during the flush
+    await c.commit_once()
+    assert c.written == [30] and c._behind == {TP0: 33}
+    c.during = lambda: None
+    await c.commit_once()  # nothing new acknowledged: the target still goes out
+    assert c.written == [30, 33] and c._behind == {}
+    await c.commit_once()
+    assert c.written == [30, 33]  # and then nothing more
+
+
+async def test_a_hold_kept_past_the_flush_stops_commits_until_released():
+    c = _Commits()
+    c.holds.hold(TP0, 31)
+    for offset in (30, 31, 32):
+        _message(offset, taken=True).ack(c)
+    await c.commit_once()
+    await c.commit_once()
+    assert c.written == [31, 31] and c._behind == {TP0: 33}
+    c.holds.release(TP0, 31)
+    await c.commit_once()
+    assert c.written == [31, 31, 33] and c._behind == {}
