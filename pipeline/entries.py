@@ -196,10 +196,11 @@ async def send_dead_letter(dlq: Any, source: str, reason: str, payload: Any, *, 
     reason = redact.mask_text(reason)
     detail = redact.mask_text(detail) if detail else detail
     where = f"{source}[{partition}]@{offset}" if partition is not None else source
-    log.warning("dead letter from %s: %s: %s", where, reason, detail or "")
+    text = redact.mask_text(_text(key)) or None
+    log.warning("dead letter from %s: %s%s%s", where, reason, f" (key {text[:256]})" if text else "",
+                f": {detail}" if detail else "")
     if dlq is None:
         return
-    text = redact.mask_text(_text(key)) or None
     try:
         if source not in redact.REPLAYABLE:
             payload = redact.mask_payload(_text(payload)[:65536])
