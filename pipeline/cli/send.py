@@ -170,16 +170,18 @@ def _wait_applied(url: str, written: list, timeout: float = APPLY_WAIT_S) -> lis
     from pipeline.transport import committed
 
     keys, r = broker_keys(url), redis_client(url)
-    groups = meant_to_run(r, keys)
-    deadline = time.time() + timeout
-    tps = [(m.topic, m.partition) for m in written]
-    behind = groups
-    while True:
-        behind = [g for g in groups if not all((c or 0) > m.offset
-                                               for m, c in zip(written, committed.read_sync(r, keys, g, tps)))]
-        if not behind or time.time() >= deadline:
-            return behind
-        time.sleep(0.1)
+    try:
+        groups = meant_to_run(r, keys)
+        deadline = time.time() + timeout
+        tps = [(m.topic, m.partition) for m in written]
+        while True:
+            behind = [g for g in groups if not all((c or 0) > m.offset
+                                                   for m, c in zip(written, committed.read_sync(r, keys, g, tps)))]
+            if not behind or time.time() >= deadline:
+                return behind
+            time.sleep(0.1)
+    finally:
+        r.close()
 
 
 def cmd_user(args) -> int:
