@@ -117,6 +117,15 @@ class Pipeline:
         prefix = topic.encode() + b"|"
         return sum(int(v) for k, v in offsets.items() if k.startswith(prefix) and not k.endswith(b"@"))
 
+    def written(self, topic: str) -> int:
+        """Entries ever written to ``topic``, over all partitions (its offset counters)."""
+        r = redis.Redis.from_url(self.url)
+        try:
+            n = int(r.hget(Keys().topics, topic) or 0)
+            return sum(int(r.get(Keys().counter(topic, p)) or 0) for p in range(n))
+        finally:
+            r.close()
+
     def wait_committed(self, counts: dict[str, int], timeout: float = 60, group: str = "notify") -> None:
         """Until every topic in ``counts`` has that many entries committed (applied)."""
         wait_until(lambda: all(self.committed(t, group) >= n for t, n in counts.items()), timeout, 0.2,
