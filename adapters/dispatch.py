@@ -79,7 +79,8 @@ class Dispatcher:
 
     async def send(self, delivery: Delivery, *, reconciled: bool = False, deadline: Optional[float] = None) -> SendRound:
         """Call providers for ``delivery`` until one takes it, answers in a way that
-        forbids failover, or none is left to try; with ``deadline`` (seconds), a call
+        forbids failover, or none is left to try (a provider out of rate is passed
+        over for the next one of the route with a token); with ``deadline`` (seconds), a call
         to a provider with a status query that has not answered by then is given up
         as ``TIMEOUT_UNKNOWN`` (:meth:`_call`)."""
         # push: the token's platform ("apns:<token>", "fcm:<token>") picks the provider
@@ -95,22 +96,28 @@ class Dispatcher:
                                           error=f"bad_address: not an address for {delivery.channel}"))
             return rnd
         tried: list[str] = []
+        #: providers out of rate for this round, and the soonest any of them has a token
+        out_of_rate: list[str] = []
+        rate_wait: Optional[float] = None
         while True:
-            name = choose_provider(order, self.breakers, delivery, reconciled=reconciled, avoid=tried)
-            if name is None or name in tried:
+            name = choose_provider(order, self.breakers, delivery, reconciled=reconciled, avoid=tried + out_of_rate)
+            if name is None or name in tried or name in out_of_rate:
                 if name is not None:
                     self.breakers[name].release()
                 if not rnd.results:
-                    rnd.wait_s = self._soonest_breaker()
+                    rnd.wait_s = rate_wait if rate_wait is not None else self._soonest_breaker()
                 return rnd
             bucket = self.buckets.get(name)
             if bucket is not None:
                 ok, wait = bucket.try_acquire()
                 if not ok:
+                    # out of rate: the next provider of the route that has a token takes it
+                    # (a burst of OTPs spills over to the second SMS vendor instead of
+                    # queueing behind the first one's quota); none: wait for the soonest
                     self.breakers[name].release()
-                    if not rnd.results:
-                        rnd.wait_s = wait
-                    return rnd
+                    out_of_rate.append(name)
+                    rate_wait = wait if rate_wait is None else min(rate_wait, wait)
+                    continue
             result = await self._call(self.providers[name], delivery, deadline)
             self.breakers[name].record(counts_as_success(result))
             if result.fault == Fault.CONFIG:

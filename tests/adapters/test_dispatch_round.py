@@ -1,6 +1,8 @@
-"""A lane's call deadline (``[call_deadline_s]``): a provider call with no answer by
-then is ``TIMEOUT_UNKNOWN``, reconciled by query before any resend, and never failed
-over; a provider that cannot be queried keeps its adapter's own timeout."""
+"""One dispatcher round (adapters/dispatch.py): a lane's call deadline
+(``[call_deadline_s]``: a provider call with no answer by then is
+``TIMEOUT_UNKNOWN``, reconciled by query before any resend, and never failed over; a
+provider that cannot be queried keeps its adapter's own timeout), and a provider
+out of rate passed over for the next of the route."""
 
 from __future__ import annotations
 
@@ -58,3 +60,23 @@ def test_the_deadlines_by_priority_from_the_config(tmp_path):
         cfg.write_text(f"[call_deadline_s]\n{bad}\n")
         with pytest.raises(ConfigError, match="call_deadline_s"):
             load_settings(cfg, env={})
+
+
+async def test_a_provider_out_of_rate_passes_the_delivery_to_the_next_of_the_route(make_delivery):
+    """A burst beyond the first SMS vendor's quota spills over to the second instead
+    of queueing behind it; with every provider out of rate, nothing is called and the
+    round says when the soonest has a token; a delivery pinned to a provider (its
+    fate unknown) never spills over."""
+    t = [0.0]
+    a, b = FakeProvider("sms_a", "sms"), FakeProvider("sms_b", "sms", primary=False)
+    disp = Dispatcher({"sms_a": a, "sms_b": b}, {"sms": ["sms_a", "sms_b"]},
+                      rates={"sms_a": (10.0, 1.0), "sms_b": (4.0, 1.0)}, now=lambda: t[0])
+    sent = [(await disp.send(make_delivery("sms", f"+1415555{i:04d}", {"body": "x"}))) for i in range(3)]
+    assert [[r.provider for r in rnd.results] for rnd in sent] == [["sms_a"], ["sms_b"], []]
+    assert sent[2].wait_s == pytest.approx(0.1)  # sms_a's next token (10/s) comes before sms_b's (4/s)
+    t[0] += 0.1
+    pinned = make_delivery("sms", "+14155550123", {"body": "x"}).derive(unknown_provider="sms_b")
+    rnd = await disp.send(pinned, reconciled=True)  # sms_b still out of rate, sms_a has a token
+    assert rnd.results == [] and rnd.wait_s == pytest.approx(0.15)
+    assert [r.provider for r in (await disp.send(make_delivery("sms", "+14155550124", {"body": "x"}))).results] \
+        == ["sms_a"]
