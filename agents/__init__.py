@@ -3,7 +3,7 @@
     expand     notify.events, notify.events.high → notify.intents.<priority> (and notify.dlq)
     guard.*    notify.intents.<priority> → outcomes, lanes, timers
     lane.*     notify.send.<channel>.<priority> → providers → outcomes, timers, dlq
-    scheduler  notify.timers   → intents / lanes when due
+    scheduler  notify.timers   → intents / lanes when due (scheduler.high: notify.timers.high)
     sink       (no stream) the outcomes every agent sends → SQLite record store
     receipts   notify.receipts → DELIVERED / UNDELIVERED
     polls      (a timer) the records still ACCEPTED receipt_poll_s after the send → the provider's status query

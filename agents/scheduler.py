@@ -2,7 +2,9 @@
 retried deliveries, and receipts waiting for their record.
 
 Timers arrive on notify.timers (keyed by user_id) and are kept in the changelog-
-backed ``timers`` table, so they survive restarts and move with the partition.
+backed ``timers`` table (those of high-priority deliveries and intents on
+notify.timers.high, in ``timers_high``, fired by the role that runs the high
+path: pipeline/topics.py ``timers_for``), so they survive restarts and move with the partition.
 The agent only holds them: it writes the table and pushes ``(due, timer id, user,
 partition)`` on this worker's heap.
 
@@ -75,12 +77,14 @@ class Scheduler:
     """The timers of this worker's partitions: held in the ``timers`` table and a heap,
     fired by :meth:`run_scheduler` when due."""
 
-    def __init__(self, app: Any, emit: Any, receipts: Any) -> None:
+    def __init__(self, app: Any, emit: Any, receipts: Any, topic: Any = None, table: Any = None) -> None:
+        """The timers of ``topic`` held in ``table`` (default: notify.timers and the
+        ``timers`` table; notify.timers.high has a scheduler and a table of its own)."""
         self.app = app
         self.emit = emit
         self.receipts = receipts
-        self.timers = app.user_tables.timers
-        self.topic = app.declared.timers.get_topic_name()
+        self.timers = app.user_tables.timers if table is None else table
+        self.topic = (app.declared.timers if topic is None else topic).get_topic_name()
         self.intents = {p: t.get_topic_name() for p, t in app.declared.intents.items()}
         self.lanes = {k: t.get_topic_name() for k, t in app.declared.lanes.items()}
         #: due timers fired in one pass at most; the loop goes on at once while more are due
@@ -313,11 +317,18 @@ class Scheduler:
 
 
 def register(app: Any, emit: Any, receipts: Any) -> Scheduler:
-    """The scheduler agent (notify.timers) and its firing loop, where the role reads that topic."""
-    sch = Scheduler(app, emit, receipts)
-    if app.runs(app.declared.timers):
-        app.agent(app.declared.timers, name="scheduler")(sch.scheduler)
-        app.on_rebalance_complete.connect(sch._on_rebalance)
-        sch.timers.on_recover(sch._on_recover)
-        app.task(sch.run_scheduler)
-    return sch
+    """A scheduler agent and its firing loop for each timer topic the role reads:
+    notify.timers (the main role's) and notify.timers.high (the high path's, so that
+    an OTP's retry is fired by the process that sends it, never behind a campaign).
+    Returns notify.timers's."""
+    t = app.declared
+    main = Scheduler(app, emit, receipts)
+    for sch, topic, name in ((main, t.timers, "scheduler"),
+                             (Scheduler(app, emit, receipts, t.timers_high, app.user_tables.timers_high), t.timers_high,
+                              "scheduler.high")):
+        if app.runs(topic):
+            app.agent(topic, name=name)(sch.scheduler)
+            app.on_rebalance_complete.connect(sch._on_rebalance)
+            sch.timers.on_recover(sch._on_recover)
+            app.task(sch.run_scheduler)
+    return main

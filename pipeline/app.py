@@ -63,6 +63,7 @@ class Topics:
     outcomes: Any
     callbacks: Any  # raw bytes: the callbacks agent reads the outcomes itself
     timers: Any
+    timers_high: Any  # the high path's timers (pipeline/topics.py timers_for)
     receipts: Any
     preferences: Any
     devices: Any
@@ -82,6 +83,7 @@ class Topics:
             outcomes=checked(T.OUTCOMES, Outcome),
             callbacks=guarded_topic(app, T.CALLBACKS, dlq=dlq),
             timers=checked(T.TIMERS, Timer),
+            timers_high=checked(T.TIMERS_HIGH, Timer),
             receipts=checked(T.RECEIPTS, Receipt),
             preferences=checked(T.PREFERENCES, Preferences),
             devices=checked(T.DEVICES, DeviceUpdate),

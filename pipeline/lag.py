@@ -63,6 +63,7 @@ def agent_of(topic: str) -> str:
         T.EVENTS_HIGH: "expand.high",
         T.INTENTS: "guard",
         T.TIMERS: "scheduler",
+        T.TIMERS_HIGH: "scheduler.high",
         T.RECEIPTS: "receipts",
         T.PREFERENCES: "preferences",
         T.DEVICES: "devices",

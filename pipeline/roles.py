@@ -34,9 +34,10 @@ so it has tables of its own, all partitions in one process: its dedup keys,
 daily counters and inflight marks are those of high-priority deliveries only
 (no other role writes such keys), and it keeps its own copy of preferences and
 devices from notify.preferences / notify.devices, which both roles read. It
-writes the records of its own outcomes (agents/sink.py); what it sends
-(outcomes, timers, dead letters) goes to the shared topics, and the main role
-handles the timers and receipts.
+writes the records of its own outcomes (agents/sink.py); its outcomes and dead
+letters go to the shared topics. Its timers (retries and reconciliations of high
+deliveries, deferred high intents) go to notify.timers.high, which it holds and
+fires itself; the main role handles notify.timers and the receipts.
 """
 
 import logging

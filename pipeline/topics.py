@@ -11,6 +11,7 @@ INTENTS = "notify.intents"  # prefix: notify.intents.<priority>, Intent, key use
 OUTCOMES = "notify.outcomes"  # Outcome, key user_id: every state change
 CALLBACKS = "notify.callbacks"  # Outcome, key user_id: the changes a producer hears of (Outcome.callback)
 TIMERS = "notify.timers"  # Timer, key user_id: delayed and retried work
+TIMERS_HIGH = "notify.timers.high"  # the same, for high-priority deliveries and intents
 RECEIPTS = "notify.receipts"  # Receipt, key provider_msg_id
 DLQ = "notify.dlq"  # DeadLetter
 PREFERENCES = "notify.preferences"  # Preferences, key user_id
@@ -58,14 +59,22 @@ def lane(channel: str, priority: str) -> str:
 
 LANES = [(c, p) for c in CHANNELS for p in PRIORITIES]
 
+
+def timers_for(priority: Any) -> str:
+    """Where a timer of a delivery or intent of ``priority`` is written: high ones on
+    notify.timers.high, fired by the scheduler of the role that runs the high path
+    (an OTP's retry never waits for the firing loop of the workers a campaign keeps
+    busy); the rest, and timers of no priority (receipts), on notify.timers."""
+    return TIMERS_HIGH if priority == "high" else TIMERS
+
 #: read and written apart from every other topic (pipeline/transport/priority.py): a
 #: low-priority backlog in any stream never stands in front of an OTP
-PRIORITY = frozenset([EVENTS_HIGH, intents("high")] + [lane(c, "high") for c in CHANNELS])
+PRIORITY = frozenset([EVENTS_HIGH, intents("high"), TIMERS_HIGH] + [lane(c, "high") for c in CHANNELS])
 
 #: written by the pipeline and read by none of its agents: operators read the dead
 #: letters, analysts the outcomes (records are written where outcomes are made:
 #: agents/sink.py). No consumer lag to watch, only depth.
 UNREAD = frozenset([DLQ, OUTCOMES])
 
-USER_KEYED = INTENT_TOPICS + [OUTCOMES, CALLBACKS, TIMERS, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
+USER_KEYED = INTENT_TOPICS + [OUTCOMES, CALLBACKS, TIMERS, TIMERS_HIGH, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
 ALL = [EVENTS, EVENTS_HIGH, RECEIPTS, DLQ] + USER_KEYED

@@ -12,6 +12,7 @@ dedup          "<user>|<biz_key>|*" → [seen, token, category, {channel: [seen,
 daily          as ("daily", key) above, written before    read and purged only
 recent_sends   as ("window", key) above, written before   read and purged only
 timers         timer_id → Timer                            agents.scheduler
+timers_high    as timers, of notify.timers.high            agents.scheduler (scheduler.high)
 =============  ==========================================  ===========================
 
 A dedup entry holds every channel of a (user, business key), written once per
@@ -44,6 +45,7 @@ class Tables:
     daily: Any
     recent_sends: Any
     timers: Any
+    timers_high: Any  # the timers of notify.timers.high (the high path's retries)
     #: delivery_id → {"a": attempt, "s": state} written durably *before* a provider call
     #: ("calling") and after it; a replayed delivery found "calling" is reconciled by
     #: querying the providers, never blindly resent. (The inbox's lane keeps none:
@@ -60,6 +62,7 @@ def define_tables(app: Any, partitions: int) -> Tables:
         daily=app.Table("daily", default=int, partitions=partitions),
         recent_sends=app.Table("recent_sends", default=None, partitions=partitions),
         timers=app.Table("timers", default=None, value_type=Timer, partitions=partitions),
+        timers_high=app.Table("timers_high", default=None, value_type=Timer, partitions=partitions),
         inflight=app.Table("inflight", default=None, partitions=partitions),
     )
 

@@ -220,11 +220,11 @@ class LagCollector:
         dlq = GaugeMetricFamily("notify_dead_letter_depth", "Messages in notify.dlq (all partitions)")
         dlq.add_metric([], snap.dlq_depth)
         yield dlq
-        timers = snap.topics.get(T.TIMERS)
         backlog = GaugeMetricFamily(
-            "notify_scheduled_backlog_messages", "Unprocessed messages on notify.timers (scheduler lag)"
+            "notify_scheduled_backlog_messages", "Unprocessed messages on notify.timers and notify.timers.high "
+            "(scheduler lag)"
         )
-        backlog.add_metric([], timers.lag if timers else 0)
+        backlog.add_metric([], sum(t.lag for t in (snap.topics.get(T.TIMERS), snap.topics.get(T.TIMERS_HIGH)) if t))
         yield backlog
         if self.scheduled is not None:
             n = self.scheduled()

@@ -58,7 +58,7 @@ def priority_of(topic: str) -> Optional[str]:
     if topic.startswith(("notify.send.", "notify.intents.")):
         p = topic.rsplit(".", 1)[1]
         return p if p in GOALS else None
-    if topic == "notify.events.high":
+    if topic in ("notify.events.high", "notify.timers.high"):
         return "high"
     return None
 

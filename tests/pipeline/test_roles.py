@@ -32,9 +32,34 @@ def _agents(role):
 
 def test_the_priority_role_runs_the_high_priority_path_and_the_user_tables():
     every = _agents("all")
-    high = {"expand.high", "guard.high"} | {f"lane.{c}.high" for c in CHANNELS}
+    high = {"expand.high", "guard.high", "scheduler.high"} | {f"lane.{c}.high" for c in CHANNELS}
     assert _agents("priority") == high | {"preferences", "devices"}
     assert _agents("main") == every - high
+
+
+def test_an_otp_retry_is_held_and_fired_by_the_priority_process_alone(redis_url, tmp_path):
+    """A high-priority delivery's timer (here the reconciliation after a call whose
+    answer never came) goes on notify.timers.high, held and fired by the process
+    that runs the high path: with no main worker running at all, the OTPs are
+    reconciled and ACCEPTED. Before, the retry went on notify.timers and waited for
+    the main workers' scheduler, behind whatever campaign kept them busy."""
+    # sms_a's breaker kept closed: six timeouts in a row would send the rest to sms_b
+    pipe = Pipeline(redis_url, tmp_path, config="receipt_poll_s = 0\n[breaker]\nfailure_threshold = 1000\n")
+    users = [{"user_id": f"t{i}", "phone": f"+1555{i:04d}0004", "version": 1} for i in range(6)]  # ...0004: no answer
+    pipe.preferences(users)
+    pipe.start("priority", NOTIFY_ROLE="priority")
+    try:
+        pipe.wait_committed({"notify.preferences": len(users)}, group="notify-priority")
+        pipe.events([{"biz_key": f"otp:{u['user_id']}", "category": "otp", "template": "otp", "channels": ["sms"],
+                      "recipients": [u["user_id"]], "params": {"code": "123456"}} for u in users],
+                    after_users=False)  # applied by the priority group (waited for above): no main group runs
+        rows = pipe.wait_rows(lambda r: len(r) == len(users) and all(
+            v["status"] == "ACCEPTED" for v in r.values()), 60, "every OTP reconciled")
+    finally:
+        pipe.stop()
+    assert {v["reason"] for v in rows.values()} == {"reconciled"}
+    assert pipe.written("notify.timers.high") >= len(users) and pipe.written("notify.timers") == 0
+    assert "Traceback" not in pipe.log("priority")
 
 
 def test_priority_role_is_a_group_of_its_own():

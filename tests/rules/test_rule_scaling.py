@@ -12,7 +12,8 @@ from pipeline.rules.scaling import GOALS, priority_of, signal
 def test_priorities_of_topics():
     assert priority_of("notify.send.sms.high") == "high"
     assert priority_of("notify.intents.low") == "low"
-    assert priority_of("notify.events.high") == "high"
+    assert priority_of("notify.events.high") == "high" and priority_of("notify.timers.high") == "high"
+    assert priority_of("notify.timers") is None
     assert priority_of("notify.events") is None and priority_of("notify.outcomes") is None
 
 
