@@ -24,6 +24,17 @@ def cmd_run(args) -> int:
     from pipeline.procs import worker_env
     from pipeline.transport.client import public_url
 
+    # from the first moment: a SIGTERM or Ctrl-C while it starts (the embedded server
+    # up, the processes not yet) stops it as one while running does, the broker last,
+    # instead of killing this process and leaving its broker running, orphaned, with
+    # the data directory's lock
+    stop = {"now": False}
+
+    def _stop(*_: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     settings = current_settings()
     os.umask(0o077)  # every file of notify run and of its children: this user's only
     data = private_data_dir(settings)
@@ -81,13 +92,6 @@ def cmd_run(args) -> int:
         for path in [info] + [p.waits_for for p, _ in planned if p.restarts_workers and p.waits_for]:
             Path(path).unlink(missing_ok=True)
     sup = Supervisor(children, report=redis_reporter(url, broker_keys(url).supervisor))
-    stop = {"now": False}
-
-    def _stop(*_: Any) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     if server is None:  # remembered as the embedded server's is: later commands without REDIS_URL find it
         write_private(broker_file(settings), url)
     try:

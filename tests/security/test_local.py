@@ -454,3 +454,29 @@ def test_redis_url_with_an_acl_user_over_rediss_for_every_process(tmp_path):
         front.close()
         server.stop()
     assert secret not in (tmp_path / "run.log").read_text()
+
+
+def test_a_sigterm_while_notify_run_starts_stops_it_and_its_broker(tmp_path):
+    """SIGTERM the moment the embedded server is up (its URL written), before the
+    workers are: `notify run` stops as when running, exit 0, its broker gone with
+    it. Before, the signal killed it there and left the broker running, orphaned,
+    with the data directory's lock (a CI run met it)."""
+    data = tmp_path / "data"
+    run = _start_run(_env(data), tmp_path / "run.log")
+    tree: list = []
+    try:
+        wait_until(lambda: (data / "broker.url").exists() or run.poll() is not None, 30, 0.005, "the broker")
+        tree = _tree(run.pid)
+        run.send_signal(signal.SIGTERM)
+        code = run.wait(60)
+        assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
+        tree += [p for p in psutil.Process(os.getpid()).children(recursive=True) if "valkey" in p.name()]
+        gone, alive = psutil.wait_procs(tree[1:], timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+        assert not (data / "broker.url").exists()
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for p in tree[1:]:
+            if p.is_running():
+                p.kill()
