@@ -4,7 +4,8 @@ retried deliveries, and receipts waiting for their record.
 Timers arrive on notify.timers (keyed by user_id) and are kept in the changelog-
 backed ``timers`` table (those of high-priority deliveries and intents on
 notify.timers.high, in ``timers_high``, fired by the role that runs the high
-path: pipeline/topics.py ``timers_for``), so they survive restarts and move with the partition.
+path: pipeline/topics.py ``timers_for``), so they survive restarts and move with
+the partition.
 The agent only holds them: it writes the table and pushes ``(due, timer id, user,
 partition)`` on this worker's heap.
 

@@ -67,6 +67,7 @@ def timers_for(priority: Any) -> str:
     busy); the rest, and timers of no priority (receipts), on notify.timers."""
     return TIMERS_HIGH if priority == "high" else TIMERS
 
+
 #: read and written apart from every other topic (pipeline/transport/priority.py): a
 #: low-priority backlog in any stream never stands in front of an OTP
 PRIORITY = frozenset([EVENTS_HIGH, intents("high"), TIMERS_HIGH] + [lane(c, "high") for c in CHANNELS])
@@ -76,5 +77,6 @@ PRIORITY = frozenset([EVENTS_HIGH, intents("high"), TIMERS_HIGH] + [lane(c, "hig
 #: agents/sink.py). No consumer lag to watch, only depth.
 UNREAD = frozenset([DLQ, OUTCOMES])
 
-USER_KEYED = INTENT_TOPICS + [OUTCOMES, CALLBACKS, TIMERS, TIMERS_HIGH, PREFERENCES, DEVICES] + [lane(c, p) for c, p in LANES]
+USER_KEYED = (INTENT_TOPICS + [OUTCOMES, CALLBACKS, TIMERS, TIMERS_HIGH, PREFERENCES, DEVICES]
+              + [lane(c, p) for c, p in LANES])
 ALL = [EVENTS, EVENTS_HIGH, RECEIPTS, DLQ] + USER_KEYED
