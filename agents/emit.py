@@ -6,7 +6,7 @@ from pipeline import clock, metrics
 from pipeline.entries import send_dead_letter
 from pipeline.models import Delivery, Outcome, Timer
 from pipeline.rules.slo import first_terminal
-from pipeline.topics import TIMERS_HIGH, timers_for
+from pipeline.topics import TIMERS, TIMERS_HIGH, timers_for
 
 __all__ = ["Emit"]
 
@@ -19,8 +19,9 @@ class Emit:
         self.app = app
         self.records = records
         t = app.declared
-        self.outcomes_topic, self.timers_topic, self.dlq_topic = t.outcomes, t.timers, t.dlq
-        self.timers_high_topic = t.timers_high
+        self.outcomes_topic, self.dlq_topic = t.outcomes, t.dlq
+        #: pipeline/topics.py timers_for's name → the topic
+        self.timer_topics = {TIMERS: t.timers, TIMERS_HIGH: t.timers_high}
         self.callbacks_topic = t.callbacks
         self.lane_topics = t.lanes
         #: hands a delivery to its lane on this worker (agents/lanes.py ``Lanes.offer``);
@@ -58,8 +59,7 @@ class Emit:
     async def timer(self, user_id: str, t: Timer) -> None:
         """Hold ``t`` on its timer topic: notify.timers.high for a high-priority
         delivery's or intent's (its payload's ``priority``), else notify.timers."""
-        topic = self.timers_high_topic if timers_for(t.payload.get("priority")) == TIMERS_HIGH else self.timers_topic
-        await self.send(topic, user_id, t)
+        await self.send(self.timer_topics[timers_for(t.payload.get("priority"))], user_id, t)
 
     async def retry(self, d: Delivery) -> None:
         """Schedule ``d`` on the timer topic for ``d.due_at``."""

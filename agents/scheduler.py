@@ -85,7 +85,9 @@ class Scheduler:
         self.emit = emit
         self.receipts = receipts
         self.timers = app.user_tables.timers if table is None else table
-        self.topic = (app.declared.timers if topic is None else topic).get_topic_name()
+        #: the topic its agent reads
+        self.source = app.declared.timers if topic is None else topic
+        self.topic = self.source.get_topic_name()
         self.intents = {p: t.get_topic_name() for p, t in app.declared.intents.items()}
         self.lanes = {k: t.get_topic_name() for k, t in app.declared.lanes.items()}
         #: due timers fired in one pass at most; the loop goes on at once while more are due
@@ -322,13 +324,11 @@ def register(app: Any, emit: Any, receipts: Any) -> Scheduler:
     notify.timers (the main role's) and notify.timers.high (the high path's, so that
     an OTP's retry is fired by the process that sends it, never behind a campaign).
     Returns notify.timers's."""
-    t = app.declared
     main = Scheduler(app, emit, receipts)
-    for sch, topic, name in ((main, t.timers, "scheduler"),
-                             (Scheduler(app, emit, receipts, t.timers_high, app.user_tables.timers_high), t.timers_high,
-                              "scheduler.high")):
-        if app.runs(topic):
-            app.agent(topic, name=name)(sch.scheduler)
+    high = Scheduler(app, emit, receipts, app.declared.timers_high, app.user_tables.timers_high)
+    for sch, name in ((main, "scheduler"), (high, "scheduler.high")):
+        if app.runs(sch.source):
+            app.agent(sch.source, name=name)(sch.scheduler)
             app.on_rebalance_complete.connect(sch._on_rebalance)
             sch.timers.on_recover(sch._on_recover)
             app.task(sch.run_scheduler)

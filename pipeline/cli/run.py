@@ -83,7 +83,7 @@ def cmd_run(args) -> int:
     children = []
     if server is not None:
         children.append(Child("broker", lambda: server.start().proc, proc=server.proc, started_at=time.time()))
-    workers_of = tuple(p.name for p in procs if "worker" in p.argv)
+    workers_of = tuple(p.name for p in procs if p.group)  # the worker processes
     planned = [(p, Child(p.name, spawner(p.argv, p.env, p.waits_for),
                          restart_with=workers_of if p.restarts_workers else (), group=p.group)) for p in procs]
     children += [c for _, c in planned]

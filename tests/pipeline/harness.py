@@ -121,8 +121,7 @@ class Pipeline:
         """Entries ever written to ``topic``, over all partitions (its offset counters)."""
         r = redis.Redis.from_url(self.url)
         try:
-            n = int(r.hget(Keys().topics, topic) or 0)
-            return sum(int(r.get(Keys().counter(topic, p)) or 0) for p in range(n))
+            return sum(int(v or 0) for v in r.mget([Keys().counter(topic, p) for p in range(self.partitions)]))
         finally:
             r.close()
 
