@@ -7,7 +7,6 @@ from aiokafka.partitioner import DefaultPartitioner
 from pipeline.topics import event_key
 
 from .harness import Pipeline
-from .test_roles import _highwater
 
 PARTS = 4
 
@@ -46,7 +45,7 @@ def test_intents_go_through_their_topic_only_to_another_worker(redis_url, tmp_pa
         pipe.stop()
     assert len(rows) == n
     # one recipient: keyed by the user, read and planned by the worker holding the user
-    assert _highwater(redis_url, "notify.intents.high", PARTS) == 0
+    assert pipe.written("notify.intents.high") == 0
     # two recipients: the event is read by one worker, which plans its own users'
     # intents and writes the other worker's to the topic
     crossing = 0
@@ -54,7 +53,7 @@ def test_intents_go_through_their_topic_only_to_another_worker(redis_url, tmp_pa
         reader = part(f"ship:{a}:{b}".encode(), list(range(PARTS)), list(range(PARTS))) % 2
         crossing += (worker_of(a) != reader) + (worker_of(b) != reader)
     assert 0 < crossing < len(users)  # both paths taken by this sample
-    assert _highwater(redis_url, "notify.intents.normal", PARTS) == crossing
+    assert pipe.written("notify.intents.normal") == crossing
     assert sum(pipe.attempts().values()) == n  # each planned and sent once
     logs = pipe.log("w0") + pipe.log("w1")
     assert "Traceback" not in logs
@@ -84,7 +83,7 @@ def test_a_delivery_for_a_lane_of_the_same_worker_skips_the_lane_topic(redis_url
                                                                         for v in r.values()), 90, "every OTP settled")
         finally:
             pipe.stop()
-        lane_entries = _highwater(redis_url, "notify.send.sms.high", PARTS)
+        lane_entries = pipe.written("notify.send.sms.high")
         seen[handoff] = ({k: (v["status"], v["reason"]) for k, v in rows.items()}, pipe.attempts(), lane_entries)
         assert "Traceback" not in pipe.log("w0")
     # the first delivery of every OTP skipped the topic (a retry, scheduled on the timer
