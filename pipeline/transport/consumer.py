@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 
 from .client import TRANSIENT_ERRORS
 from .compactor import Schedule, compact_partition
-from .drain import FastDrain
+from .drain import FastDrain, keep_buffers_on_resume
 from .holds import CommitHolds
 from .integrity import REWRITE_COMMITTED, Verdict, check, rewrite_committed, stream_end
 from .keys import after_id, offset_of
@@ -149,6 +149,7 @@ class Consumer(FastDrain, base.Consumer):
         transport.leases = self.leases
         self._init_drain()
         super().__init__(transport, *args, **kwargs)
+        keep_buffers_on_resume(self.app.flow_control)
         self._max_records = self.app.conf.broker_max_poll_records or 1000
         self._priority_topics = priority_topics(self.app)
 

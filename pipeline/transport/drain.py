@@ -33,6 +33,21 @@ into a rebalance; tests/transport/test_drain.py). After a seek within a
 generation (the end of a recovery), what was delivered stays delivered: the
 streams handle it, and reading it again would handle it twice.
 
+What the streams' buffers hold at the end of a recovery stays there. Faust
+resumes the partitions, seeks to the committed offsets, then resumes the flow
+once more, and ``FlowControlEvent.resume()`` clears every stream buffer, flowing
+or not. The fetcher runs during the seek (its reads take a round trip or more)
+and delivers from the positions the rebalance set; the clear then dropped those
+deliveries. Read again after the seek, most came back; but a delivery whose
+callback waited across the seek (a full buffer) set the read offset to its own,
+and the entries the clear had dropped below it were skipped as delivered: never
+handled nor acknowledged, the partition's commit stuck below them for good, and
+the work of a takeover lost (the kill -9 drill lost OTPs so). So the app's flow
+control clears the buffers only when it resumes a suspended flow
+(:class:`KeepOnResume`, set by :func:`keep_buffers_on_resume`): what the last
+resume finds was read in the current generation and is handled, once from the
+buffer and, when the seek read it again, once more as a replay.
+
 Faust also pauses a partition whose stream buffer is under pressure, and when
 every assigned partition is paused its fetcher sleeps a whole second before
 looking again, even if the buffers drained after a few milliseconds. Here the
@@ -43,10 +58,28 @@ import asyncio
 from typing import Any, AsyncIterator, Iterable, Optional, Set, Tuple, cast
 
 from faust.types import TP
+from mode.utils.queues import FlowControlEvent
 
 from .priority import MAIN, PRIORITY
 
-__all__ = ["FastDrain"]
+__all__ = ["FastDrain", "KeepOnResume", "keep_buffers_on_resume"]
+
+
+class KeepOnResume(FlowControlEvent):
+    """Faust's flow control, except that resuming a flow that is not suspended
+    keeps the stream buffers (module docstring: the end of a recovery)."""
+
+    def resume(self) -> None:
+        if self.is_active():
+            return
+        super().resume()
+
+
+def keep_buffers_on_resume(flow_control: Any) -> None:
+    """Make the app's flow control a :class:`KeepOnResume` (its queues and events
+    kept: the stream buffers already made hold it)."""
+    if type(flow_control) is FlowControlEvent:
+        flow_control.__class__ = KeepOnResume
 
 
 class FastDrain:

@@ -93,3 +93,23 @@ async def test_a_seek_within_the_generation_delivers_nothing_twice():
     d = _Drain([[10, 11, 12], [10, 11, 12, 13]], block_on=11)
     await _run(d, rebalance=False)
     assert d.delivered == [10, 11, 11, 12, 13]  # 11 again: Faust's ">= read offset"
+
+
+def test_the_flow_control_clears_the_buffers_only_when_it_resumes_a_suspended_flow():
+    # the end of a recovery resumes a flow that already runs: what the buffers hold
+    # was read in this generation (pipeline/transport/drain.py KeepOnResume)
+    from mode.utils.queues import FlowControlEvent, FlowControlQueue
+
+    from pipeline.transport.drain import KeepOnResume, keep_buffers_on_resume
+
+    fc = FlowControlEvent()
+    keep_buffers_on_resume(fc)
+    assert isinstance(fc, KeepOnResume)
+    q: FlowControlQueue = FlowControlQueue(flow_control=fc, clear_on_resume=True)
+    fc.resume()  # suspended at first: cleared as before
+    q.put_nowait(1)
+    fc.resume()  # flowing: kept
+    assert q.qsize() == 1 and fc.is_active()
+    fc.suspend()
+    fc.resume()  # a rebalance's suspension: cleared as before
+    assert q.qsize() == 0 and fc.is_active()

@@ -176,3 +176,27 @@ def test_partition_memo_matches_the_partitioner_and_stays_bounded(monkeypatch):
         "memo2", broker="memory://", topic_partitions=8,
         producer_partitioner=lambda key, all_, avail: next(picks) % len(all_)))
     assert [custom.partition_for("any", b"same") for _ in range(3)] == [0, 1, 2]  # asked every time
+
+
+
+def test_what_a_running_worker_reads_while_its_recovery_ends_is_handled(redis_url, redis_sync, tmp_path):
+    # b takes a's slot over after a kill -9, with a's partitions behind. At the end
+    # of b's recovery Faust resumes the partitions, then seeks to the committed
+    # offsets (slow here, as on a loaded broker), then resumes the flow again. The
+    # fetcher runs meanwhile and fills a small stream buffer (the agent is slow).
+    # That last resume cleared the stream buffers, and a delivery blocked on the
+    # full buffer across the seek then set the read offset past what the clear had
+    # dropped: the re-read skipped those entries as delivered, never handled nor
+    # acked (the kill -9 drill lost OTPs so after a takeover).
+    url = redis_url + "?slots=2&lease=1.5&compact=0&grace=1"
+    produce(redis_url, "numbers", numbers(0, 2000))
+    a = Worker(url + "&slot=0", tmp_path, "a", SLOW=0.02, PRIORITY="numbers").start()
+    b = Worker(url + "&slot=1", tmp_path, "b", SLOW=0.004, BUFFER=4, SLOW_SEEK=0.3, PRIORITY="numbers").start()
+    try:
+        wait_until(lambda: redis_sync.get(K.lease("t", 0)) and redis_sync.get(K.lease("t", 1)), 30, what="leases")
+        wait_until(lambda: redis_sync.llen("seen") >= 200, 60, what="progress")
+        a.kill()
+        wait_until(lambda: len({v for _p, _o, v in seen(redis_sync)}) >= 2000, 60, what="all 2000 handled")
+    finally:
+        a.kill()
+        assert b.stop() == 0, b.log()[-3000:]

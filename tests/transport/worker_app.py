@@ -13,13 +13,15 @@ Agents ``backlog`` and ``urgent`` (topics of the same names): each appends the
 message's value to the Redis list of its topic's name; ``backlog`` then sleeps
 SLOW_BACKLOG seconds, ``urgent`` also records how many backlog messages were done
 by then. With PRIORITY=1, ``urgent`` is a priority topic (the hooks' priority_topics,
-pipeline/transport/priority.py).
+pipeline/transport/priority.py); PRIORITY=<topic>,... names the priority topics.
 
 Agent ``batched`` (topic ``batched``): takes batches with pipeline/take.py
 ``take_ready`` (at most TAKE_MAX, default 5) and appends each batch's values,
 comma-joined, to the Redis list ``batches``.
 
 Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message),
+SLOW_SEEK (seconds Faust's seek at the end of each recovery waits before it
+reads the committed offsets, as on a loaded broker: the fetcher runs meanwhile),
 STANDBYS (``table_standby_replicas``, Faust's default 1), BUFFER
 (``stream_buffer_maxsize``), SLOW_BACKLOG, PRIORITY, WRITTEN (``app.trim_written``).
 """
@@ -53,8 +55,8 @@ app = faust.App(
 # a plain Faust app: what the transport needs beyond Faust's settings comes through
 # the typed hooks (pipeline/transport/hooks.py), set before the worker starts
 hooks = TransportHooks()
-if os.environ.get("PRIORITY") == "1":
-    hooks.priority_topics = frozenset(["urgent"])
+if os.environ.get("PRIORITY"):  # "1": urgent; else the topics named
+    hooks.priority_topics = frozenset(["urgent"] if os.environ["PRIORITY"] == "1" else os.environ["PRIORITY"].split(","))
 if os.environ.get("WRITTEN"):  # topics this app only writes, trimmed by age (pipeline/transport/retention.py)
     hooks.trim_written = frozenset(os.environ["WRITTEN"].split(","))
 app.transport_hooks = hooks
@@ -62,6 +64,17 @@ SLOW_BACKLOG = float(os.environ.get("SLOW_BACKLOG", "0"))
 numbers = app.topic("numbers", key_type=str, value_type=int, partitions=PARTITIONS)
 ops = app.topic("ops", key_type=str, value_serializer="json", partitions=PARTITIONS)
 counts = app.Table("counts", default=int, partitions=PARTITIONS)
+SLOW_SEEK = float(os.environ.get("SLOW_SEEK", "0"))
+if SLOW_SEEK:
+    from pipeline.transport.consumer import Consumer
+
+    _perform_seek = Consumer.perform_seek
+
+    async def _slow_perform_seek(self) -> None:
+        await asyncio.sleep(SLOW_SEEK)
+        await _perform_seek(self)
+
+    Consumer.perform_seek = _slow_perform_seek
 kv = app.Table("kv", default=None, partitions=PARTITIONS)
 _data = None
 
