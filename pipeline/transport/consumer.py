@@ -103,6 +103,10 @@ def _retrieve(task: "asyncio.Future[Any]") -> None:
 
 #: while a partition is paused on a full buffer: how often the others are polled
 PAUSED_POLL_S = 0.005
+#: seconds a partition's commit may wait for the entry at its committed offset once
+#: that entry was read, no stream holds it and later ones are done, before the
+#: partitions are read again from their committed offsets (:meth:`Consumer._stuck_at`)
+REREAD_AFTER_S = 30.0
 
 
 class Consumer(FastDrain, base.Consumer):
@@ -134,6 +138,9 @@ class Consumer(FastDrain, base.Consumer):
         self._behind: dict[TP, int] = {}
         #: the holds read with the offsets of the commit under way
         self._caps: dict[TP, int] = {}
+        #: partition → (committed offset, since when) its commit waits for that entry
+        self._stuck: dict[TP, tuple[int, float]] = {}
+        self._reread: Optional[asyncio.Future] = None
         opts = transport.options
         self._compaction = Schedule()
         self._horizons = Horizons(opts.keep_s)
@@ -401,6 +408,7 @@ class Consumer(FastDrain, base.Consumer):
         # (perform_seek): a target a hold kept a commit below is no longer one, or
         # the next commit would pass entries read again and not yet handled
         self._behind.clear()
+        self._stuck.clear()
         keys = self.transport.keys
         client = await self.transport.client()
         fields = [keys.tp_field(tp.topic, tp.partition) for tp in tps]
@@ -597,8 +605,44 @@ class Consumer(FastDrain, base.Consumer):
         committed = self._committed_offset[tp]
         if (committed is not None and self._acked[tp] and committed not in self._acked_index[tp]
                 and not self._gap[tp].overlaps(committed)):
+            self._stuck_at(tp, committed)
             return None
+        self._stuck.pop(tp, None)
         return super()._new_offset(tp)
+
+    def _stuck_at(self, tp: TP, committed: int) -> None:
+        """The commit of ``tp`` waits for the entry at ``committed`` (later ones are
+        done). Normally that entry is still being handled. One that was read and
+        that no stream holds was dropped on its way (a cause not known, or a bug of
+        the kind drain.py describes): it would stop the partition's commits until
+        the next rebalance or restart, the lag and the replay after a crash growing
+        meanwhile. After :data:`REREAD_AFTER_S` of that, say so and read every
+        partition again from its committed offset, as the end of a rebalance does:
+        what was done is handled again as a replay, the dropped entry at last."""
+        now = time.monotonic()
+        since = self._stuck.get(tp)
+        if since is None or since[0] != committed:
+            self._stuck[tp] = (committed, now)
+            return
+        if now - since[1] < REREAD_AFTER_S or self._reread is not None:
+            return
+        if (self._read_offset.get(tp) or 0) <= committed:
+            return  # not read yet (a backlog, a paused partition)
+        if any(m.tp == tp and m.offset == committed for m in self._unacked_messages):
+            return  # a stream has it: still being handled
+        log.warning("%s: the entry at offset %d was read %.0f s ago and never handled, while later ones were; "
+                    "reading the partitions again from their committed offsets", tp, committed, now - since[1])
+        self._stuck.clear()
+        self._reread = asyncio.ensure_future(self._read_again())
+
+    async def _read_again(self) -> None:
+        try:
+            async with self._rebalance_lock:
+                await self.perform_seek()
+        except Exception:  # noqa: BLE001 - the next commits find the partition stuck again
+            log.exception("reading the partitions again failed")
+        finally:
+            self._reread = None
 
     def owns(self, topic: str, partition: int) -> bool:
         """Whether ``topic[partition]`` is assigned to this worker now (no copy of

@@ -1,4 +1,4 @@
-"""Soak, short (issue 6, "Load"): bench/soak.py for ~40 s at a low rate on the real
+"""Soak, short (issue 6, "Load"): bench/soak.py for ~20 s at a low rate on the real
 pipeline (two worker processes, embedded server with AOF everysec, fake providers),
 with short windows so purges and compactions happen within the run.
 
@@ -16,14 +16,14 @@ from bench import soak
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-WINDOW_S, PURGE_S, COMPACT_S, KEEP_S = 8.0, 4.0, 8.0, 8.0
+WINDOW_S, PURGE_S, COMPACT_S, KEEP_S = 4.0, 2.0, 4.0, 4.0
 PARTITIONS = 4
 
 
 @pytest.fixture(scope="module")
 def soaked():
     return soak.run(
-        40 / 60, 20, workers=2, n_users=500, partitions=PARTITIONS, sample_s=2.0, compact_s=COMPACT_S,
+        20 / 60, 40, workers=2, n_users=500, partitions=PARTITIONS, sample_s=2.0, compact_s=COMPACT_S,
         dedup_window_s=WINDOW_S, purge_s=PURGE_S, inflight_keep_s=KEEP_S, tombstone_s=KEEP_S, keep_s=KEEP_S,
         drain_timeout=30, settle_s=WINDOW_S + PURGE_S + KEEP_S + 2 * COMPACT_S + 3, tag="soak-test", log=print,
     )

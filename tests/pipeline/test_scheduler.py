@@ -66,14 +66,14 @@ def test_every_due_timer_fires_once_and_never_early(redis_url, tmp_path):
         items = []
         # a few held twice (the second hold, read long before either time, wins:
         # sooner or later than the first, the timer fires once, at the second's time)
-        again = {i: now + (10 if i % 2 else 17) for i in range(1, 60, 3)}
+        again = {i: now + (5 if i % 2 else 8) for i in range(1, 60, 3)}
         for i in range(n):
             if i in again:
-                due[i] = now + 15
+                due[i] = now + 7
             elif i % 3 == 0:
                 due[i] = now - 30 + i / n  # already due when held: fired at once
             else:
-                due[i] = now + 2 + 6 * i / n  # due over the next seconds
+                due[i] = now + 2 + 3 * i / n  # due over the next seconds
             key, t = timer(i, due[i], "high", "intent" if i % 2 else "delivery")
             items.append((key, orjson.dumps(t)))
         for i, d in again.items():

@@ -200,3 +200,19 @@ def test_what_a_running_worker_reads_while_its_recovery_ends_is_handled(redis_ur
     finally:
         a.kill()
         assert b.stop() == 0, b.log()[-3000:]
+
+
+def test_an_entry_dropped_on_its_way_to_the_stream_is_read_again(redis_url, redis_sync, tmp_path):
+    # whatever dropped it: the partition's commit would wait for it for good (and
+    # a crash then replayed everything after it); after REREAD_S the consumer reads
+    # the partitions again from their committed offsets and the entry is handled
+    produce(redis_url, "numbers", numbers(0, 200), partition=0)
+    w = Worker(redis_url + "?lease=3&compact=0", tmp_path, DROP="numbers:0:5", REREAD_S=1).start()
+    try:
+        wait_until(lambda: len({v for _p, _o, v in seen(redis_sync)}) >= 200, 30, what="all 200 handled")
+        wait_until(lambda: int(read_all_sync(redis_sync, K, "t").get(b"numbers|0", 0)) == 200, 30,
+                   what="the partition committed to its end")
+    finally:
+        assert w.stop() == 0, w.log()[-3000:]
+    assert "never handled" in w.log()
+    assert 5 in {v for _p, _o, v in seen(redis_sync)}

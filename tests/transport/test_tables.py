@@ -165,7 +165,7 @@ def test_table_recovered_after_restarts_and_compaction_equals_model(seed, redis_
     tmp = tmp_path_factory.mktemp("tables")
     rng = random.Random(seed)
     model: dict[str, int] = {}
-    worker = Worker(url + "?lease=3&compact=0", tmp, "w").start()
+    worker = Worker(url + "?lease=1.5&compact=0", tmp, "w").start()
     try:
         for round_no in range(3):
             ops = _ops_for(rng, rng.randrange(20, 200))
@@ -193,7 +193,7 @@ def test_table_recovered_after_restarts_and_compaction_equals_model(seed, redis_
                 worker.kill()
             else:
                 assert worker.stop() == 0
-            worker = Worker(url + "?lease=3&compact=0", tmp, f"w{round_no}").start()
+            worker = Worker(url + "?lease=1.5&compact=0", tmp, f"w{round_no}").start()
             assert _dump(r, url, round_no * 10 + 1) == model, action
     finally:
         worker.kill()

@@ -22,6 +22,8 @@ comma-joined, to the Redis list ``batches``.
 Environment: BROKER (URL), PARTITIONS, APP_ID, SLOW (seconds per message),
 SLOW_SEEK (seconds Faust's seek at the end of each recovery waits before it
 reads the committed offsets, as on a loaded broker: the fetcher runs meanwhile),
+DROP (``<topic>:<partition>:<offset>``: the first delivery of that entry never
+reaches its stream) and REREAD_S (the consumer's ``REREAD_AFTER_S`` then),
 STANDBYS (``table_standby_replicas``, Faust's default 1), BUFFER
 (``stream_buffer_maxsize``), SLOW_BACKLOG, PRIORITY, WRITTEN (``app.trim_written``).
 """
@@ -75,6 +77,27 @@ if SLOW_SEEK:
         await _perform_seek(self)
 
     Consumer.perform_seek = _slow_perform_seek
+DROP = os.environ.get("DROP")
+if DROP:  # "<topic>:<partition>:<offset>": the first delivery of that entry never reaches its stream
+    from pipeline.transport import consumer as _consumer
+
+    _target = (DROP.rsplit(":", 2)[0], int(DROP.rsplit(":", 2)[1]), int(DROP.rsplit(":", 2)[2]))
+    _init = _consumer.Consumer.__init__
+
+    def _dropping_init(self, *args, **kwargs) -> None:
+        _init(self, *args, **kwargs)
+        deliver, dropped = self.callback, []
+
+        async def callback(message) -> None:
+            if not dropped and (message.topic, message.partition, message.offset) == _target:
+                dropped.append(message)
+                return
+            await deliver(message)
+
+        self.callback = callback
+
+    _consumer.Consumer.__init__ = _dropping_init
+    _consumer.REREAD_AFTER_S = float(os.environ.get("REREAD_S", "2"))
 kv = app.Table("kv", default=None, partitions=PARTITIONS)
 _data = None
 
