@@ -30,8 +30,9 @@ generation), and everything the rebalance's seek reads again below it would be
 skipped as a duplicate, never handled nor acknowledged, and the partition's
 commit would stall there for good (seen under a profiler, which slowed a worker
 into a rebalance; tests/transport/test_drain.py). After a seek within a
-generation (the end of a recovery), what was delivered stays delivered: the
-streams handle it, and reading it again would handle it twice.
+generation (the end of a recovery), what a delivery waiting across it had
+delivered stays delivered: the streams handle it from their buffers (below), and
+reading it again would handle it twice.
 
 What the streams' buffers hold at the end of a recovery stays there. Faust
 resumes the partitions, seeks to the committed offsets, then resumes the flow
