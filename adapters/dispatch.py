@@ -77,7 +77,8 @@ class Dispatcher:
         }
         self.buckets = {n: TokenBucket(r, b, now) for n, (r, b) in (rates or {}).items()}
 
-    async def send(self, delivery: Delivery, *, reconciled: bool = False, deadline: Optional[float] = None) -> SendRound:
+    async def send(self, delivery: Delivery, *, reconciled: bool = False, deadline: Optional[float] = None,
+                   most_wait: float = 0.0) -> SendRound:
         """Call providers for ``delivery`` until one takes it, answers in a way that
         forbids failover, or none is left to try (a provider out of rate is passed
         over for the next one of the route with a token); with ``deadline`` (seconds), a call
@@ -104,20 +105,27 @@ class Dispatcher:
             if name is None or name in tried or name in out_of_rate:
                 if name is not None:
                     self.breakers[name].release()
-                if not rnd.results:
-                    rnd.wait_s = rate_wait if rate_wait is not None else self._soonest_breaker()
-                return rnd
-            bucket = self.buckets.get(name)
-            if bucket is not None:
-                ok, wait = bucket.try_acquire()
-                if not ok:
-                    # out of rate: the next provider of the route that has a token takes it
-                    # (a burst of OTPs spills over to the second SMS vendor instead of
-                    # queueing behind the first one's quota); none: wait for the soonest
-                    self.breakers[name].release()
-                    out_of_rate.append(name)
-                    rate_wait = wait if rate_wait is None else min(rate_wait, wait)
-                    continue
+                if not rnd.results and out_of_rate and most_wait > 0:
+                    name = await self._in_line(out_of_rate, most_wait)
+                    if name is not None:
+                        out_of_rate.remove(name)
+                if name is None or name in tried or name in out_of_rate:
+                    if not rnd.results:
+                        rnd.wait_s = rate_wait if rate_wait is not None else self._soonest_breaker()
+                    return rnd
+            else:
+                bucket = self.buckets.get(name)
+                if bucket is not None:
+                    ok, wait = bucket.try_acquire()
+                    if not ok:
+                        # out of rate: the next provider of the route that has a token takes it
+                        # (a burst of OTPs spills over to the second SMS vendor instead of
+                        # queueing behind the first one's quota); none: wait in line for the
+                        # soonest (``most_wait``), or say when it has one
+                        self.breakers[name].release()
+                        out_of_rate.append(name)
+                        rate_wait = wait if rate_wait is None else min(rate_wait, wait)
+                        continue
             result = await self._call(self.providers[name], delivery, deadline)
             self.breakers[name].record(counts_as_success(result))
             if result.fault == Fault.CONFIG:
@@ -128,6 +136,28 @@ class Dispatcher:
             tried.append(name)
             if not may_failover(result) or delivery.unknown_provider:
                 return rnd
+
+    async def _in_line(self, names: list[str], most_wait: float) -> Optional[str]:
+        """Every provider of the route left is out of rate: take a place in line for
+        the token that comes soonest (``TokenBucket.reserve``), if within
+        ``most_wait`` seconds, and wait for it; the provider, its breaker's call
+        allowed, or None (none within ``most_wait``, or its breaker opened
+        meanwhile: the token is given back)."""
+        def due(n: str) -> float:
+            b = self.buckets[n]
+            return max(0.0, (1.0 - b.tokens) / b.rate)
+
+        name = min(names, key=due)
+        bucket = self.buckets[name]
+        wait = bucket.reserve(most_wait)
+        if wait is None:
+            return None
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if not self.breakers[name].allow():
+            bucket.give_back()
+            return None
+        return name
 
     @staticmethod
     async def _call(provider: Any, delivery: Delivery, deadline: Optional[float]) -> SendResult:

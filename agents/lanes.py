@@ -145,16 +145,17 @@ class Lanes:
                 return out
             reconciled = bool(d.unknown_provider)
         deadline = self.app.settings.call_deadlines.get(d.priority)
-        rnd = await disp.send(d, reconciled=reconciled, deadline=deadline)
+        # out of rate for a moment: the delivery waits in line for a token in its own
+        # slot (the dispatcher's ``most_wait``), the lane's other slots go on. Through
+        # the timer topic the wait would be a round trip through the scheduler of the
+        # main workers (behind whatever backlog they have: an OTP behind a campaign)
+        rnd = await disp.send(d, reconciled=reconciled, deadline=deadline, most_wait=IN_SLOT_WAIT_S)
         waited = 0.0
         while not rnd.results and rnd.wait_s and waited + rnd.wait_s <= IN_SLOT_WAIT_S:
-            # out of rate (or a breaker about to half-open) for a moment: wait in this
-            # delivery's slot, the lane's other slots go on. Through the timer topic the
-            # wait would be a round trip through the scheduler of the main workers
-            # (behind whatever backlog they have: an OTP behind a campaign)
+            # a breaker about to half-open: wait for it in the slot too
             await asyncio.sleep(rnd.wait_s)
             waited += rnd.wait_s
-            rnd = await disp.send(d, reconciled=reconciled, deadline=deadline)
+            rnd = await disp.send(d, reconciled=reconciled, deadline=deadline, most_wait=IN_SLOT_WAIT_S - waited)
         if not rnd.results:  # breakers open or out of rate for longer: try later, no attempt made
             data = d.asdict()
             data["due_at"] = now + (rnd.wait_s or 0.1)

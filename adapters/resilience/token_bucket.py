@@ -5,7 +5,9 @@ tokens, which is how a provider's "N messages per second" limit is kept.
 ``try_acquire`` never sleeps: it answers ``(True, 0.0)`` and takes the tokens,
 or ``(False, wait_s)`` with the time after which the same request would
 succeed, so an agent can re-schedule the delivery (``notify.retry`` with
-``due_at = now + wait_s``) instead of blocking its partition.
+``due_at = now + wait_s``) instead of blocking its partition. ``reserve`` takes
+a place in line for a token due within a short wait (a lane's delivery waiting
+in its own slot).
 
 Sharing one bucket across workers
 ---------------------------------
@@ -72,6 +74,24 @@ class TokenBucket:
             self._tokens -= n
             return True, 0.0
         return False, (n - self._tokens) / self.rate
+
+    def reserve(self, most_wait: float) -> float | None:
+        """Take a token now or in line: the seconds until it is this caller's (0.0:
+        now). A token not there yet is owed (the bucket goes below zero), so the next
+        caller's comes one token later: callers waiting for a burst to pass are
+        served in the order they came, each woken once, instead of all polling for
+        every token. None (nothing taken) when the wait would exceed ``most_wait``."""
+        self._refill()
+        wait = max(0.0, (1.0 - self._tokens) / self.rate)
+        if wait > most_wait:
+            return None
+        self._tokens -= 1.0
+        return wait
+
+    def give_back(self) -> None:
+        """Return a token taken and not spent (a reserved call not made)."""
+        self._refill()
+        self._tokens = min(self.burst, self._tokens + 1.0)
 
     def set_rate(self, rate: float, burst: float | None = None) -> None:
         """Change the limit (e.g. slow down after a provider's 429s)."""

@@ -80,3 +80,50 @@ async def test_a_provider_out_of_rate_passes_the_delivery_to_the_next_of_the_rou
     assert rnd.results == [] and rnd.wait_s == pytest.approx(0.15)
     assert [r.provider for r in (await disp.send(make_delivery("sms", "+14155550124", {"body": "x"}))).results] \
         == ["sms_a"]
+
+
+def test_a_bucket_serves_its_line_one_token_each_in_the_order_they_came():
+    from adapters.resilience.token_bucket import TokenBucket
+
+    t = [0.0]
+    b = TokenBucket(10.0, 1.0, now=lambda: t[0])
+    assert [b.reserve(1.0) for _ in range(4)] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert b.reserve(0.35) is None  # 0.4 s away: nothing taken
+    t[0] += 0.3  # the three owed tokens came and went to the line
+    assert b.try_acquire() == (False, pytest.approx(0.1))
+    b.give_back()  # a reserved call not made
+    assert b.try_acquire() == (True, 0.0)
+
+
+async def test_a_burst_past_every_providers_quota_waits_in_line_and_each_call_is_made_once(make_delivery):
+    """Deliveries out of rate on every provider of the route wait for a token in line
+    (``most_wait``) instead of polling: each gets a token of its own, in the order
+    they came, and each provider is asked once per delivery."""
+    a, b = FakeProvider("sms_a", "sms"), FakeProvider("sms_b", "sms", primary=False)
+    disp = Dispatcher({"sms_a": a, "sms_b": b}, {"sms": ["sms_a", "sms_b"]},
+                      rates={"sms_a": (100.0, 5.0), "sms_b": (50.0, 5.0)})
+    import asyncio
+
+    tries = []
+    buckets = dict(disp.buckets)
+    for name, bucket in buckets.items():
+        real = bucket.try_acquire
+
+        def counted(n=1, _real=real, _name=name):
+            tries.append(_name)
+            return _real(n)
+
+        bucket.try_acquire = counted
+    t0 = time.monotonic()
+    rounds = await asyncio.gather(*(disp.send(make_delivery("sms", f"+1415555{i:02d}99", {"body": "x"}), most_wait=2.0)
+                                    for i in range(40)))  # ...99: no scenario number
+    took = time.monotonic() - t0
+    assert all(len(r.results) == 1 and r.results[0].result == AttemptResult.ACCEPTED for r in rounds)
+    used = [r.results[0].provider for r in rounds]
+    # 10 from the bursts, then 150/s between the two: 30 more in ~0.2 s
+    assert 0.12 < took < 1.0, took
+    assert used.count("sms_b") >= 8  # the second vendor takes its share of the line
+    assert len(tries) <= 2 * 40  # each delivery looked at each bucket once at most
+    # without a line (most_wait 0) a round with no token says when to come back
+    rnd = await disp.send(make_delivery("sms", "+14155559999", {"body": "x"}))
+    assert rnd.results == [] and rnd.wait_s is not None
