@@ -51,6 +51,15 @@ class SendRound:
     wait_s: Optional[float] = None
 
 
+def _same_failure(before: list[SendResult], result: SendResult) -> bool:
+    """``result`` (a failure) is a failover's, and the previous provider failed this
+    message with the same result, neither a fault of our configuration."""
+    if not before:
+        return False
+    last = before[-1]
+    return (last.result == result.result and last.fault != Fault.CONFIG and result.fault != Fault.CONFIG)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -127,7 +136,16 @@ class Dispatcher:
                         rate_wait = wait if rate_wait is None else min(rate_wait, wait)
                         continue
             result = await self._call(self.providers[name], delivery, deadline)
-            self.breakers[name].record(counts_as_success(result))
+            ok = counts_as_success(result)
+            if not ok and _same_failure(rnd.results, result):
+                # failed over, and failed here the way it failed at the provider before:
+                # the message, more likely than this provider (a second vendor sees
+                # mostly the failovers, so mostly the messages that fail everywhere: five
+                # of those in a burst opened its breaker and shut its quota out). Not
+                # held against this provider; what it takes first-hand still counts
+                self.breakers[name].release()
+            else:
+                self.breakers[name].record(ok)
             if result.fault == Fault.CONFIG:
                 self._log_fault(name, result)
                 if self.on_fault is not None:

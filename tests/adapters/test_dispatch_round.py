@@ -127,3 +127,23 @@ async def test_a_burst_past_every_providers_quota_waits_in_line_and_each_call_is
     # without a line (most_wait 0) a round with no token says when to come back
     rnd = await disp.send(make_delivery("sms", "+14155559999", {"body": "x"}))
     assert rnd.results == [] and rnd.wait_s is not None
+
+
+async def test_a_message_that_fails_the_same_way_everywhere_does_not_open_the_second_providers_breaker(
+        make_delivery):
+    """The second vendor sees mostly the failovers, i.e. the messages that failed at
+    the first: when one fails there the same way, that says more about the message
+    than about the vendor (the demo's scenario numbers opened its breaker and shut
+    its quota out of a burst). A failure of its own kind still counts."""
+    a, b = FakeProvider("sms_a", "sms"), FakeProvider("sms_b", "sms", primary=False)
+    disp = Dispatcher({"sms_a": a, "sms_b": b}, {"sms": ["sms_a", "sms_b"]})
+    for i in range(12):
+        rnd = await disp.send(make_delivery("sms", f"+141555{i:02d}0007", {"body": "x"}))  # ...0007: 500 everywhere
+        assert [r.provider for r in rnd.results] == ["sms_a", "sms_b"]
+        await disp.send(make_delivery("sms", f"+141555{i:02d}0099", {"body": "x"}))  # sms_a healthy otherwise
+    assert disp.breakers["sms_b"].state == "closed" and disp.breakers["sms_a"].state == "closed"
+    # sms_b down: the failovers of throttled messages (429 at sms_a) fail there otherwise (503): counted
+    b.mode = "down"
+    for i in range(5):
+        await disp.send(make_delivery("sms", f"+141555{i:02d}0002", {"body": "x"}))  # ...0002: 429 on a first call
+    assert disp.breakers["sms_b"].state == "open"
