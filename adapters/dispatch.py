@@ -136,8 +136,8 @@ class Dispatcher:
                         rate_wait = wait if rate_wait is None else min(rate_wait, wait)
                         continue
             result = await self._call(self.providers[name], delivery, deadline)
-            ok = counts_as_success(result)
-            if not ok and _same_failure(rnd.results, result):
+            healthy = counts_as_success(result)
+            if not healthy and _same_failure(rnd.results, result):
                 # failed over, and failed here the way it failed at the provider before:
                 # the message, more likely than this provider (a second vendor sees
                 # mostly the failovers, so mostly the messages that fail everywhere: five
@@ -145,7 +145,7 @@ class Dispatcher:
                 # held against this provider; what it takes first-hand still counts
                 self.breakers[name].release()
             else:
-                self.breakers[name].record(ok)
+                self.breakers[name].record(healthy)
             if result.fault == Fault.CONFIG:
                 self._log_fault(name, result)
                 if self.on_fault is not None:
@@ -161,11 +161,7 @@ class Dispatcher:
         ``most_wait`` seconds, and wait for it; the provider, its breaker's call
         allowed, or None (none within ``most_wait``, or its breaker opened
         meanwhile: the token is given back)."""
-        def due(n: str) -> float:
-            b = self.buckets[n]
-            return max(0.0, (1.0 - b.tokens) / b.rate)
-
-        name = min(names, key=due)
+        name = min(names, key=lambda n: self.buckets[n].due())
         bucket = self.buckets[name]
         wait = bucket.reserve(most_wait)
         if wait is None:

@@ -75,14 +75,18 @@ class TokenBucket:
             return True, 0.0
         return False, (n - self._tokens) / self.rate
 
+    def due(self) -> float:
+        """Seconds until one token is there for a new caller (0.0: now)."""
+        self._refill()
+        return max(0.0, (1.0 - self._tokens) / self.rate)
+
     def reserve(self, most_wait: float) -> float | None:
         """Take a token now or in line: the seconds until it is this caller's (0.0:
         now). A token not there yet is owed (the bucket goes below zero), so the next
         caller's comes one token later: callers waiting for a burst to pass are
         served in the order they came, each woken once, instead of all polling for
         every token. None (nothing taken) when the wait would exceed ``most_wait``."""
-        self._refill()
-        wait = max(0.0, (1.0 - self._tokens) / self.rate)
+        wait = self.due()
         if wait > most_wait:
             return None
         self._tokens -= 1.0
