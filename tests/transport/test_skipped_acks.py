@@ -31,6 +31,8 @@ def _consumer() -> Consumer:
     c._unacked_messages = WeakSet()
     c._waiting_for_ack, c._n_acked = None, 0
     c._gap = defaultdict(IntervalTree)
+    c._read_offset = defaultdict(lambda: None)
+    c._stuck, c._reread = {}, None  # Consumer._stuck_at's bookkeeping
     # a rebalance has begun: the flow is suspended (what makes a stream drop a message)
     c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
                             flow_control=SimpleNamespace(is_active=lambda: False), consumer_generation_id=1)
