@@ -23,20 +23,26 @@ partition found caught up at a time needs no check for events accepted before it
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Optional
 
 from faust.types import TP
 
 from pipeline.topics import DEVICES, PREFERENCES
+from pipeline.transport.client import TRANSIENT_ERRORS
 from pipeline.transport.committed import read as read_committed
 
 __all__ = ["Applied"]
+
+log = logging.getLogger(__name__)
 
 #: how far apart two hosts' clocks may be when an event's time is compared with a check's
 SKEW_S = 0.5
 #: how often the barrier looks again while it waits
 POLL_S = 0.005
+#: how soon a read the broker refused (a transient error) is tried again
+RETRY_S = 0.1
 #: after a wait that timed out (the updates lag far behind: a bulk import), the
 #: partition's events are planned without waiting for this long
 LAGGING_S = 10.0
@@ -93,11 +99,25 @@ class Applied:
             return False
         started = time.time()
         tps = [TP(t, partition) for t in TOPICS]
-        ends = await self.app.consumer.highwaters(*tps)
+        ends: Optional[Any] = None
         waited = False
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
         while True:
-            done = await self._applied(tps)
+            try:
+                if ends is None:
+                    ends = await self.app.consumer.highwaters(*tps)
+                done = await self._applied(tps)
+            except TRANSIENT_ERRORS as exc:
+                # the broker away for a moment (a master failing over): asked again
+                # until the deadline, then the plan is made with the table as it is,
+                # as after a timeout; the guard never crashes on it
+                if time.monotonic() > deadline:
+                    log.warning("read barrier of partition %d: the broker did not answer (%s); planning "
+                                "with the preferences as they are", partition, exc)
+                    self._lagging[partition] = time.monotonic() + LAGGING_S
+                    return False
+                await asyncio.sleep(RETRY_S)
+                continue
             if all(d >= ends[tp] for d, tp in zip(done, tps)):
                 self._fresh_at[partition] = started
                 return waited
