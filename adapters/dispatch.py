@@ -57,7 +57,7 @@ def _same_failure(before: list[SendResult], result: SendResult) -> bool:
     if not before:
         return False
     last = before[-1]
-    return (last.result == result.result and last.fault != Fault.CONFIG and result.fault != Fault.CONFIG)
+    return last.result == result.result and last.fault != Fault.CONFIG and result.fault != Fault.CONFIG
 
 
 class Dispatcher:
@@ -114,14 +114,13 @@ class Dispatcher:
             if name is None or name in tried or name in out_of_rate:
                 if name is not None:
                     self.breakers[name].release()
-                if not rnd.results and out_of_rate and most_wait > 0:
-                    name = await self._in_line(out_of_rate, most_wait)
-                    if name is not None:
-                        out_of_rate.remove(name)
-                if name is None or name in tried or name in out_of_rate:
+                waits = not rnd.results and out_of_rate and most_wait > 0
+                name = await self._in_line(out_of_rate, most_wait) if waits else None
+                if name is None:
                     if not rnd.results:
                         rnd.wait_s = rate_wait if rate_wait is not None else self._soonest_breaker()
                     return rnd
+                out_of_rate.remove(name)  # its token is ours: called below
             else:
                 bucket = self.buckets.get(name)
                 if bucket is not None:

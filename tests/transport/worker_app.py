@@ -81,7 +81,8 @@ DROP = os.environ.get("DROP")
 if DROP:  # "<topic>:<partition>:<offset>": the first delivery of that entry never reaches its stream
     from pipeline.transport import consumer as _consumer
 
-    _target = (DROP.rsplit(":", 2)[0], int(DROP.rsplit(":", 2)[1]), int(DROP.rsplit(":", 2)[2]))
+    _topic, _partition, _offset = DROP.rsplit(":", 2)
+    _target = (_topic, int(_partition), int(_offset))
     _init = _consumer.Consumer.__init__
 
     def _dropping_init(self, *args, **kwargs) -> None:
