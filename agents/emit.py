@@ -23,6 +23,8 @@ class Emit:
         #: pipeline/topics.py timers_for's name → the topic
         self.timer_topics = {TIMERS: t.timers, TIMERS_HIGH: t.timers_high}
         self.callbacks_topic = t.callbacks
+        #: several outcomes of one user in one entry (``outcome_entries``)
+        self.grouped = app.settings.outcome_entries == "grouped"
         self.lane_topics = t.lanes
         #: hands a delivery to its lane on this worker (agents/lanes.py ``Lanes.offer``);
         #: False: through the lane's topic
@@ -39,20 +41,30 @@ class Emit:
         await self.app.producer.send_record(topic.get_topic_name(), key.encode(), value.dumps())
 
     async def outcomes(self, items: Iterable[Outcome]) -> None:
-        """Publish on notify.outcomes, and write the records (agents/sink.py). A change
-        its producer hears of (``callback``: its event has a callback target) is sent on
-        notify.callbacks too, the one stream the callbacks agent reads: the outcomes of
-        events without one are never read back."""
+        """Publish on notify.outcomes, and write the records (agents/sink.py). The
+        outcomes of one user in ``items`` (one step's: an intent's plan on its
+        channels) go out as one entry, a JSON array, unless ``outcome_entries`` is
+        "single" (docs/SCHEMA.md). A change its producer hears of (``callback``: its
+        event has a callback target) is sent on notify.callbacks too, one an entry,
+        the one stream the callbacks agent reads: the outcomes of events without one
+        are never read back."""
         items = list(items)
+        send = self.app.producer.send_record
+        topic = self.outcomes_topic.get_topic_name()
+        by_user: dict[str, list[bytes]] = {}
         for o in items:
             metrics.outcomes.labels(o.state, o.reason or "").inc()
             if o.latency_ms and first_terminal(o):
                 metrics.to_terminal.labels(o.priority).observe(o.latency_ms / 1000.0)
             data = o.dumps()
-            key = o.user_id.encode()
-            await self.app.producer.send_record(self.outcomes_topic.get_topic_name(), key, data)
+            if self.grouped:
+                by_user.setdefault(o.user_id, []).append(data)
+            else:
+                await send(topic, o.user_id.encode(), data)
             if o.callback:
-                await self.app.producer.send_record(self.callbacks_topic.get_topic_name(), key, data)
+                await send(self.callbacks_topic.get_topic_name(), o.user_id.encode(), data)
+        for user, datas in by_user.items():
+            await send(topic, user.encode(), datas[0] if len(datas) == 1 else b"[" + b",".join(datas) + b"]")
         if items:
             await self.records.add(items)
 

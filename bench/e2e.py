@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.cli.mixes import make_events, make_users  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
+from pipeline.reader import outcome_values  # noqa: E402
 from pipeline.procs import stop_all, worker_env  # noqa: E402
 from pipeline.topics import ALL, DEVICES, DLQ, EVENTS, PREFERENCES, UNREAD, event_key  # noqa: E402
 from pipeline.transport import committed  # noqa: E402
@@ -183,8 +184,7 @@ def outcome_counts(r) -> collections.Counter:
         start = "-"
         while True:
             batch = r.xrange(keys.stream("notify.outcomes", p), min=start, count=10000)
-            for _id, f in batch:
-                o = orjson.loads(f[b"v"])
+            for o in (orjson.loads(v) for _id, f in batch for v in outcome_values(f[b"v"])):
                 c[(o["state"], o.get("reason") or "")] += 1
             if len(batch) < 10000:
                 break

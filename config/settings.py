@@ -218,6 +218,10 @@ class Settings:
     releases: tuple = ()
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    #: ``outcome_entries``: "grouped" (an entry of notify.outcomes holds every outcome
+    #: one step made for one user: a JSON array when there are several) or "single"
+    #: (one outcome an entry, for readers that take each entry for one object)
+    outcome_entries: str = "grouped"
     #: the process's knobs from the environment (config/environment.py): read once, here
     env: Environment = field(default_factory=Environment)
 
@@ -312,6 +316,7 @@ _TOP_KEYS = {
     "releases",
     "callbacks",
     "tracking",
+    "outcome_entries",
 }
 _CHANNEL_KEYS = {"max_length", "title_max_length", "lane_batch_size", "max_devices"}
 _CATEGORY_KEYS = {"priority", "max_priority", "rate_windows", "daily_limit", "dedup_window_s", "inbox_fallback", "default_channels",
@@ -388,8 +393,15 @@ def _build(raw: dict[str, Any], env: Environment, user_dir: Path | None) -> Sett
         releases=_releases(raw.get("releases", {})),
         callbacks=_callbacks(raw.get("callbacks", {}), env),
         tracking=_tracking(raw.get("tracking", {}), env),
+        outcome_entries=_choice("outcome_entries", raw.get("outcome_entries", "grouped"), ("grouped", "single")),
         env=env,
     )
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise _bad(name, value, " or ".join(f'"{a}"' for a in allowed))
+    return value
 
 
 def _tracking(raw: Any, env: Environment) -> TrackingConfig:

@@ -29,9 +29,11 @@ import time
 from datetime import datetime
 from typing import Any, Iterator, Optional
 
+import orjson
+
 from pipeline.transport.keys import Keys, after_id, entry_id, offset_of
 
-__all__ = ["TopicReader", "is_cluster_client", "parse_start"]
+__all__ = ["TopicReader", "is_cluster_client", "parse_start", "outcome_values"]
 
 #: how long a reader following a topic on a Redis Cluster waits between reads that found nothing
 CLUSTER_POLL_S = 0.2
@@ -41,6 +43,22 @@ def is_cluster_client(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
     return isinstance(client, RedisCluster)
+
+
+def outcome_values(value: Optional[bytes]) -> list[Optional[bytes]]:
+    """The outcomes of one entry of notify.outcomes, each as its JSON object: an
+    entry that is a JSON array of objects (one step's outcomes of one user,
+    ``outcome_entries = "grouped"``, docs/SCHEMA.md) gives each of them; any other
+    entry is given back as it is (one outcome, or something else for the caller
+    to refuse)."""
+    if value and value[:1] == b"[":
+        try:
+            items = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return [value]
+        if items and all(isinstance(i, dict) for i in items):
+            return [orjson.dumps(i) for i in items]
+    return [value]
 
 
 def parse_start(text: str) -> Any:

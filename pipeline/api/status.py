@@ -94,7 +94,8 @@ async def status_document(sampler: Any, store: Any, client: Any, keys: Any,
     doc["lanes"] = [t for t in topics if t["topic"].startswith("notify.send.")]
     doc["dlq_depth"] = snap.dlq_depth if snap.ok else None
     published = snap.topics.get(T.OUTCOMES)
-    doc["outcomes_published"] = sum(published.highwater) if snap.ok and published else None
+    # entries, not outcomes: an entry may hold several outcomes of one user (outcome_entries)
+    doc["outcome_entries_published"] = sum(published.highwater) if snap.ok and published else None
     try:  # every worker's breakers (pipeline/breakers.py), not this process's registry
         doc["breakers"] = read_breakers(await client.hgetall(keys.breakers))
     except Exception as exc:  # noqa: BLE001 - the page shows what it can

@@ -32,7 +32,7 @@ def cmd_outcomes(args) -> int:
     every state change as analysts read it, one JSON object a line; with ``--group`` the
     reader resumes where the group stopped (committed every 500 lines and at the end:
     a reader killed in between sees up to 500 lines again)."""
-    from pipeline.reader import TopicReader, parse_start
+    from pipeline.reader import TopicReader, outcome_values, parse_start
     from pipeline.topics import OUTCOMES
 
     settings = current_settings()
@@ -49,11 +49,16 @@ def cmd_outcomes(args) -> int:
                          member=member, keys=broker_keys(url))
     shown = 0
     try:
-        for _p, _off, v in reader.read(args.follow):
-            print(printable(v), flush=True)
-            shown += 1
-            if shown % 500 == 0:
+        for p, off, entry in reader.read(args.follow):
+            values = outcome_values(entry)  # an entry may hold several (docs/SCHEMA.md)
+            if args.limit and shown + len(values) > args.limit:
+                values = values[:args.limit - shown]
+                reader.pos[p] = off  # stopped inside the entry: a group resumes at it
+            for v in values:
+                print(printable(v), flush=True)
+            if shown // 500 != (shown + len(values)) // 500:
                 reader.commit()
+            shown += len(values)
             if args.limit and shown >= args.limit:
                 break
     finally:
@@ -185,6 +190,7 @@ def _replay_records(settings) -> int:
     from pipeline.rules.plan import DUPLICATE
     from pipeline.parsers.messages import parse_outcome
     from pipeline.parsers.events import InvalidEvent
+    from pipeline.reader import outcome_values
     from pipeline.store import RecordStore
     from pipeline.topics import OUTCOMES
 
@@ -203,7 +209,8 @@ def _replay_records(settings) -> int:
             batch.clear()
 
         try:
-            for v in read_topic(broker_url(settings), OUTCOMES, settings.partitions, False, None):
+            for v in (o for entry in read_topic(broker_url(settings), OUTCOMES, settings.partitions, False, None)
+                      for o in outcome_values(entry)):
                 try:
                     o = parse_outcome(orjson.loads(v or b"null"))
                 except (orjson.JSONDecodeError, InvalidEvent, TypeError, ValueError):

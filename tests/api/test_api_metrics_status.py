@@ -179,7 +179,7 @@ async def test_status_page_and_json(api):
     assert lanes["notify.send.push.low"]["agent"] == "lane.push.low"
     assert {t["topic"] for t in doc["topics"]} >= {"notify.events", "notify.timers"}
     assert "notify.outcomes" not in {t["topic"] for t in doc["topics"]}  # no agent reads it: no lag
-    assert isinstance(doc["outcomes_published"], int)
+    assert isinstance(doc["outcome_entries_published"], int)
     assert doc["today"]["states"] == {"FILTERED": 2, "FAILED": 1, "DELIVERED": 1}
     assert doc["today"]["reasons"]["FILTERED"] == {"opted_out": 2}
     assert doc["breakers"]["sms_a"] == {"h1/main-0": {"state": "open", "since": now}}

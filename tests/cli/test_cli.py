@@ -85,6 +85,18 @@ def test_commands_against_the_embedded_server(running):
         {r["channel"]: (r["status"], r["reason"]) for r in rows}
     tail = notify(env, "outcomes", "tail", "-n", "50").stdout.splitlines()
     assert any(json.loads(line)["biz_key"] == "cli:1" for line in tail)
+    # the plan's outcomes of cli:1 (inbox PENDING, push FILTERED) are one entry of the stream,
+    import redis
+
+    r = redis.Redis.from_url(broker)
+    try:
+        entries = [f[b"v"] for p in range(8) for _id, f in r.xrange(f"nfs:{{notify.outcomes|{p}}}:s")
+                   if b'"cli:1"' in f[b"v"]]
+    finally:
+        r.close()
+    # and the inbox lane's ACCEPTED and DELIVERED one more: five state changes, two entries
+    assert [sorted((o["channel"], o["state"]) for o in json.loads(v)) for v in entries] == \
+        [[("inbox", "PENDING"), ("push", "FILTERED")], [("inbox", "ACCEPTED"), ("inbox", "DELIVERED")]], entries
     dlq = [json.loads(line) for line in notify(env, "dlq", "ls").stdout.splitlines()]
     assert [d["reason"] for d in dlq] == ["unknown_category"]
     assert "replayed" in notify(env, "dlq", "replay", "--source", "expand").stdout

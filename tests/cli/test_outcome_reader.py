@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+from pipeline.reader import outcome_values
 from tests.cli.test_cli import ROOT, notify
 from tests.transport.helpers import produce_async
 
@@ -52,3 +53,29 @@ def test_tail_from_start_end_time_and_by_group(redis_url, tmp_path):
     assert len(m0) + len(m1) == 37 and m0 and m1
     bad = notify(env, "outcomes", "tail", "--from", "yesterday", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("notify: --from must be")
+
+
+def test_an_entry_of_several_outcomes_is_a_line_each(redis_url, tmp_path):
+    """With ``outcome_entries = "grouped"`` one step's outcomes of one user are one
+    entry (a JSON array): the tail prints each on its line, and a group stopped by
+    ``-n`` inside such an entry reads it again, never past what it did not print."""
+    env = dict(os.environ, NOTIFY_BROKER=redis_url, NOTIFY_PARTITIONS="1", PYTHONPATH=str(ROOT),
+               NOTIFY_DATA_DIR=str(tmp_path / "data"))
+    group = json.dumps([{"tag": "g", "i": i} for i in range(3)]).encode()
+    asyncio.run(produce_async(redis_url, "notify.outcomes", [(b"u1", group), (b"u1", b'{"tag": "s", "i": 3}')],
+                              partitions=1))
+    assert [o["i"] for o in tail(env)] == [0, 1, 2, 3]
+    assert [o["i"] for o in tail(env, "--group", "bi", "-n", "2")] == [0, 1]
+    assert [o["i"] for o in tail(env, "--group", "bi")] == [0, 1, 2, 3]  # the entry again, whole
+    assert tail(env, "--group", "bi") == []
+    # an array that is not of objects is one line, as it is
+    asyncio.run(produce_async(redis_url, "notify.outcomes", [(b"u1", b"[1, 2]")], partitions=1))
+    assert notify(env, "outcomes", "tail", "--from", "start").stdout.splitlines()[-1] == "[1, 2]"
+
+
+def test_outcome_values():
+    one = b'{"state": "PENDING"}'
+    assert outcome_values(one) == [one]
+    assert outcome_values(b'[{"a": 1}, {"b": [2]}]') == [b'{"a":1}', b'{"b":[2]}']
+    for other in (None, b"", b"[", b"[]", b"[1, 2]", b'[{"a": 1}, 3]', b"\xff["):
+        assert outcome_values(other) == [other]

@@ -32,6 +32,7 @@ import redis
 from adapters.simulators import read_ledger
 from pipeline.embedded import EmbeddedRedis
 from pipeline.ids import delivery_id
+from pipeline.reader import outcome_values
 from pipeline.transport.groups import entry_changes
 from pipeline.transport.keys import Keys
 from tests.pipeline.harness import PARTITIONS, Pipeline
@@ -278,10 +279,13 @@ class Drill:
         out: dict[str, Any] = {}
         for key in self.r.scan_iter(match="nfs:{notify*:s", count=1000):
             found = []
+            outcomes = key.startswith(b"nfs:{notify.outcomes")
             for _id, f in self.r.xrange(key):
-                blob = b" ".join(v for v in f.values() if isinstance(v, bytes))
-                if all(w in blob for w in want):
-                    found.append(blob)
+                # an outcome entry may hold several outcomes of one user (docs/SCHEMA.md)
+                for blob in (outcome_values(f.get(b"v")) if outcomes else
+                             [b" ".join(v for v in f.values() if isinstance(v, bytes))]):
+                    if blob and all(w in blob for w in want):
+                        found.append(blob)
             if found:
                 name = key.decode().split("{", 1)[1].split("}", 1)[0]
                 # an outcome says its channel and state: which ones were published

@@ -29,6 +29,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from pipeline.api.auth import add_key, key_callback
 from pipeline.callback_queue import CallbackQueue, list_callbacks, replay
 from pipeline.embedded import free_port
+from pipeline.reader import outcome_values
 from pipeline.rules import callbacks as R
 from tests.transport.helpers import ROOT, wait_until
 
@@ -190,8 +191,8 @@ def _outcome_ids(url: str, biz_keys: set, partitions: int, topic: str = "notify.
     out: dict[str, set] = defaultdict(set)
     try:
         for p in range(partitions):
-            for _id, fields in r.xrange(f"nfs:{{{topic}|{p}}}:s"):
-                o = orjson.loads(fields[b"v"])
+            for o in (orjson.loads(v) for _id, fields in r.xrange(f"nfs:{{{topic}|{p}}}:s")
+                      for v in outcome_values(fields[b"v"])):
                 if biz_keys is None or o["biz_key"] in biz_keys:
                     out[o["biz_key"]].add(R.change_id(o))
     finally:

@@ -8,6 +8,7 @@ stream shows each delivery."""
 import orjson
 
 from pipeline.ids import delivery_id, device_delivery_id
+from pipeline.reader import outcome_values
 from tests.faults.drill import Sims
 from tests.pipeline.harness import Pipeline, push_event
 from tests.transport.helpers import wait_until
@@ -21,7 +22,7 @@ APNS_GONE = "gone" + "b" * 60  # the APNs simulator answers 410 Unregistered
 def outcomes(pipe: Pipeline, r) -> list[dict]:
     out = []
     for p in range(pipe.partitions):
-        out += [orjson.loads(f[b"v"]) for _id, f in r.xrange(f"nfs:{{notify.outcomes|{p}}}:s")]
+        out += [orjson.loads(o) for _id, f in r.xrange(f"nfs:{{notify.outcomes|{p}}}:s") for o in outcome_values(f[b"v"])]
     return out
 
 

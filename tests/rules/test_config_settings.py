@@ -63,6 +63,11 @@ def test_default_categories(name, priority, limit, window, fallback):
     assert c.default_channels and set(c.default_channels) <= set(CHANNELS)
 
 
+def test_outcome_entries(tmp_path):
+    assert load_settings(env={}).outcome_entries == "grouped"
+    assert load_settings(write(tmp_path, 'outcome_entries = "single"\n'), env={}).outcome_entries == "single"
+
+
 def test_frozen():
     s = load_settings(env={})
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -149,6 +154,7 @@ def test_relative_templates_dir_is_relative_to_the_file(tmp_path):
         ("partitions = 0\n", "partitions", 0),
         ('redis_url = "localhost"\n', "redis_url", "localhost"),
         ("typo_key = 1\n", "typo_key", 1),
+        ('outcome_entries = "batched"\n', "outcome_entries", "batched"),
     ],
 )
 def test_bad_values_name_key_and_value(tmp_path, text, key, value):
