@@ -155,12 +155,21 @@ class Guard:
             )
 
         plan = make_plan()
-        if self.applied is not None and turned_down(plan) and await self.applied.wait(partition, intent.accepted_at):
-            # an update of the user's written before the event was pending: applied now. The
-            # dedup entry is read again (another intent of the same key may have been planned
-            # during the wait); from here to its write below nothing awaits
-            channels_seen = entry_channels()
-            plan = make_plan()
+        if self.applied is not None and turned_down(plan):
+            before = self._state(entry_key, plan.counter_key, counted)
+            pending = await self.applied.wait(partition, intent.accepted_at)
+            if pending or self._state(entry_key, plan.counter_key, counted) != before:
+                # an update of the user's written before the event was pending (applied now),
+                # or the user's guard state moved while the barrier awaited the broker: a
+                # rebalance recovered it (a master failing over can hold the barrier for
+                # seconds), or another path planned this same intent or key meanwhile. The
+                # dedup entry is read again and the intent planned again on the tables as
+                # they are; planned on what it read before the wait, an intent whose own
+                # entry came in meanwhile was counted a second time against the daily limit
+                # (the cluster failover drill: a user's next intent FILTERED over_limit).
+                # From here to the writes below nothing awaits
+                channels_seen = entry_channels()
+                plan = make_plan()
         if plan.no_channel and not replayed:
             metrics.no_channel.labels(intent.category, plan.no_channel).inc()
         if plan.devices_not_sent and not replayed:
@@ -179,6 +188,12 @@ class Guard:
         await emit.outcomes(plan.outcomes)
         for d in plan.deliveries:
             await emit.deliver(d)
+
+    def _state(self, entry_key: Any, counter_key: Optional[str], counted: Any) -> tuple:
+        """What a plan read of the user's guard state: the consumer's generation (a
+        rebalance), the intent's dedup entry and its daily count."""
+        return (self.app.consumer_generation_id, self.app.user_tables.dedup.data.get(entry_key),
+                counted(counter_key) if counter_key else None)
 
     def plans_here(self, priority: str, user_id: str) -> Optional[int]:
         """The user's partition if this worker runs ``guard.<priority>`` for it now (it is

@@ -222,3 +222,37 @@ async def test_an_intent_read_again_the_other_way_is_planned_as_itself(settings)
         assert duplicates._value.get() == before
         assert tb.dedup.data.get(dedup_entry_key("o1", "org1", ""))[1] == origin
         assert {k: v for k, v in tb.dedup.data.items() if isinstance(k, tuple) and k[0] == "daily"} == daily
+
+
+async def test_a_plan_whose_barrier_awaited_is_made_again_on_the_tables_as_they_are(settings):
+    """The guard's read barrier awaits the broker (seconds, while a master fails over).
+    Meanwhile the same intent can be planned by another path (a rebalance gives the
+    user's partition to a worker that replays the event, and back; or the intent
+    topic's copy): its dedup entry and its count are there when the barrier returns.
+    The intent is then planned again as itself, not counted a second time against
+    the daily limit (the cluster failover drill: a user's next intent FILTERED
+    over_limit)."""
+    import time
+
+    from pipeline.rules.guard import counter_key, day_key
+
+    async with running(settings) as app:
+        guard, applied, tb = app.parts.guard, app.parts.applied, app.user_tables
+        plan_and_send, calls = guard.plan_and_send, []
+
+        async def recorded(intent, partition, token):
+            calls.append((intent, partition, token))
+            await plan_and_send(intent, partition, token)
+
+        async def wait(partition, since, timeout=None):
+            if len(calls) == 1:  # the first plan awaits: the other path plans the same intent
+                calls.append("other path")
+                await plan_and_send(*calls[0])
+            return False  # nothing pending, as after a broker that did not answer in time
+
+        guard.plan_and_send, applied.wait = recorded, wait
+        # no phone: sms is turned down for want of an address, so the plan goes through the barrier
+        await send_event(app, _event("w1", "nophone", ("inbox", "sms")))
+        rows = await wait_records(app, "w1", n=2)
+        assert sorted((r["channel"], r["status"]) for r in rows) == [("inbox", "DELIVERED"), ("sms", "FILTERED")]
+        assert tb.dedup.data.get(("daily", counter_key("nophone", "transaction", day_key(None, time.time())))) == 1
