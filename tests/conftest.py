@@ -48,7 +48,8 @@ def fresh_server(tmp_path):
 # -- two at a time (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) --------
 #
 # The drills that kill, stop and time processes run one after another on one xdist
-# worker ("serial"), never two of them at once on the 2 cores; every other file
+# worker ("serial"), each with the machine's other core mostly to itself, as they
+# were validated (a busy core beside them: docs/RELIABILITY.md); every other file
 # runs whole on whichever worker is free (its module fixtures, a cluster of three
 # masters among them, set up once). The serial group goes first, so the long
 # drills start at once and the rest fills the other worker around them.
