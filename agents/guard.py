@@ -156,9 +156,17 @@ class Guard:
 
         plan = make_plan()
         if self.applied is not None and turned_down(plan):
-            before = self._state(entry_key, plan.counter_key, counted)
+            counter_key = plan.counter_key
+
+            def state() -> tuple:
+                # what the plan read of the user's guard state: the consumer's generation
+                # (a rebalance), the intent's dedup entry and its daily count
+                return (app.consumer_generation_id, dedup.data.get(entry_key),
+                        counted(counter_key) if counter_key else None)
+
+            before = state()
             pending = await self.applied.wait(partition, intent.accepted_at)
-            if pending or self._state(entry_key, plan.counter_key, counted) != before:
+            if pending or state() != before:
                 # an update of the user's written before the event was pending (applied now),
                 # or the user's guard state moved while the barrier awaited the broker: a
                 # rebalance recovered it (a master failing over can hold the barrier for
@@ -188,12 +196,6 @@ class Guard:
         await emit.outcomes(plan.outcomes)
         for d in plan.deliveries:
             await emit.deliver(d)
-
-    def _state(self, entry_key: Any, counter_key: Optional[str], counted: Any) -> tuple:
-        """What a plan read of the user's guard state: the consumer's generation (a
-        rebalance), the intent's dedup entry and its daily count."""
-        return (self.app.consumer_generation_id, self.app.user_tables.dedup.data.get(entry_key),
-                counted(counter_key) if counter_key else None)
 
     def plans_here(self, priority: str, user_id: str) -> Optional[int]:
         """The user's partition if this worker runs ``guard.<priority>`` for it now (it is
