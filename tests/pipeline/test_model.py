@@ -145,6 +145,41 @@ def make_events(rng: random.Random, users: dict[str, User], n: int) -> list[dict
     return events
 
 
+def as_modelled(rows: dict, expected: dict) -> dict:
+    """The records as (status, reason), a provider's acceptance the worker learnt by
+    asking read as the model's plain acceptance.
+
+    A lane's "done" mark is cached until the next commit (agents/lanes.py ``finish``):
+    a lane restarted before it (an agent crash on a broker error, a rebalance) reads
+    again a delivery it had already sent, finds its "calling" mark, and asks the
+    provider instead of calling it again. The in-process fake remembers the message:
+    ACCEPTED, reason "reconciled". That record is right (taken once, and the worker
+    says how it knows); which calls a restart cuts short is timing the model cannot
+    know. Seen once in CI, on a slower machine: 36 OTPs around the kill."""
+    out = {}
+    for k, v in rows.items():
+        got = (v["status"], v["reason"])
+        if got == ("ACCEPTED", "reconciled") and expected.get(k) == ("ACCEPTED", None):
+            got = ("ACCEPTED", None)
+        out[k] = got
+    return out
+
+
+def worker_notes(pipe: Pipeline, most: int = 40) -> str:
+    """The lines of the workers' logs that say what happened to their agents: the
+    generations they joined, warnings, errors (for a failure's message)."""
+    notes = []
+    for name in ("w1", "w2"):
+        try:
+            lines = pipe.log(name).splitlines()
+        except OSError:
+            continue
+        picked = [ln for ln in lines if ("generation" in ln or "WARNING" in ln or "ERROR" in ln or "rash" in ln)
+                  and "dead letter from" not in ln]
+        notes += [f"{name}: {ln[:300]}" for ln in picked[-most:]]
+    return "\n".join(notes)
+
+
 def wire(e: dict):
     return e["raw"] if e.get("_bad") else e
 
@@ -179,15 +214,16 @@ def test_records_equal_the_model_through_a_kill_and_a_replay(redis_url, redis_sy
         pipe.events([wire(e) for e in events[half:]])
 
         def settled(rows):
-            return {k: (v["status"], v["reason"]) for k, v in rows.items()} == model.expected
+            return as_modelled(rows, model.expected) == model.expected
 
         try:
             rows = pipe.wait_rows(settled, 240, "records equal to the model")
         except AssertionError:
-            got = {k: (v["status"], v["reason"]) for k, v in pipe.rows().items()}
+            got = as_modelled(pipe.rows(), model.expected)
             diff = {k: (got.get(k), model.expected.get(k)) for k in set(got) | set(model.expected)
                     if got.get(k) != model.expected.get(k)}
-            raise AssertionError(f"{len(diff)} differ (got, expected): {list(diff.items())[:15]}")
+            raise AssertionError(f"{len(diff)} differ (got, expected): {list(diff.items())[:15]}\n"
+                                 f"what the workers logged:\n{worker_notes(pipe)}") from None
         assert len(rows) == len(model.expected)
         # every bad event is dead-lettered with a reason (at least once: a kill -9 replays a few)
         dead = []
@@ -214,6 +250,6 @@ def test_records_equal_the_model_through_a_kill_and_a_replay(redis_url, redis_sy
         pipe.events([wire(e) for e in events if not e.get("_bad")])  # replay everything
         time.sleep(8)
         assert pipe.attempts() == attempts_before  # no new provider call
-        assert {k: (v["status"], v["reason"]) for k, v in pipe.rows().items()} == model.expected
+        assert as_modelled(pipe.rows(), model.expected) == model.expected
     finally:
         pipe.stop()
