@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.e2e import cpu_seconds, wait  # noqa: E402
 from bench.otp import pct  # noqa: E402
+from pipeline.embedded import free_port  # noqa: E402
 from pipeline.procs import stop_process  # noqa: E402
 
 KEY = "bench-api-key-" + uuid.uuid4().hex
@@ -112,12 +113,6 @@ async def run_level(url: str, key: str, level: Level, timeout: float) -> None:
         t0 = loop.time()
         await asyncio.gather(*(client(session) for _ in range(level.clients)))
         level.seconds = loop.time() - t0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raise_fd_limit(need: int) -> None:

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
-__all__ = ["Environment", "EnvError", "ROLES", "SCHED_CLASSES", "debug_requested", "read_env", "table"]
+__all__ = ["Environment", "EnvError", "ROLES", "SCHED_CLASSES", "debug_requested", "port_range", "read_env", "table"]
 
 ROLES = ("all", "main", "priority")
 #: NOTIFY_MAIN_SCHED → the Linux scheduling class a ``main`` worker takes at start
@@ -59,6 +59,7 @@ class Environment:
     scheduler_batch: int = _knob("NOTIFY_SCHEDULER_BATCH", 1000, "timers fired per scheduler pass")
     handoff: bool = _knob("NOTIFY_HANDOFF", True, "a delivery planned for a lane of the same worker with a free slot is handed to it in memory, not through its topic (0: always through the topic; docs/adr/0002)")
     # -- the clock (tests move it) -------------------------------------------------
+    free_ports: str = _knob("NOTIFY_FREE_PORTS", "", "lo-hi: where a port for a server of ours is picked (default: from 10000 to below the kernel's ephemeral range)")
     clock_offset_s: float = _knob("NOTIFY_CLOCK_OFFSET_S", 0.0, "seconds added to the pipeline's wall clock")
     clock_file: Optional[str] = _knob("NOTIFY_CLOCK_FILE", None, "a file holding a clock offset, re-read when it changes")
     # -- providers -----------------------------------------------------------------
@@ -122,9 +123,38 @@ def read_env(env: Optional[Mapping[str, str]] = None) -> Environment:
         raise EnvError("NOTIFY_MAIN_SCHED", out.main_sched, "one of " + ", ".join(SCHED_CLASSES))
     if out.workers < 1:
         raise EnvError("NOTIFY_WORKERS", out.workers, "an integer ≥ 1")
+    if out.free_ports and not _port_range(out.free_ports):
+        raise EnvError("NOTIFY_FREE_PORTS", out.free_ports, "lo-hi, two ports with lo < hi")
     if out.loop not in ("uvloop", "asyncio"):
         raise EnvError("NOTIFY_LOOP", out.loop, "uvloop or asyncio")
     return out
+
+
+def _port_range(text: str) -> Optional[tuple[int, int]]:
+    lo, sep, hi = text.partition("-")
+    try:
+        a, b = int(lo), int(hi)
+    except ValueError:
+        return None
+    return (a, b) if sep and 0 < a < b < 65536 else None
+
+
+def port_range(env: Environment) -> tuple[int, int]:
+    """Where :func:`pipeline.embedded.free_port` looks (``NOTIFY_FREE_PORTS``, lo and
+    hi inclusive). Default: from 10000 to just below the kernel's ephemeral range,
+    the ports outgoing connections draw from, so a port picked now and bound
+    seconds later (a server that starts after its broker) is not taken meanwhile
+    as the local end of some connection."""
+    if env.free_ports:
+        return _port_range(env.free_ports)  # type: ignore[return-value] - checked by read_env
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_lo = 32768
+    if ephemeral_lo <= 10001:  # a kernel lending every port out: the ports above its range
+        return 61000, 65535
+    return 10000, ephemeral_lo - 1
 
 
 def debug_requested(env: Optional[Mapping[str, str]] = None) -> bool:

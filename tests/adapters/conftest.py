@@ -6,7 +6,6 @@ a factory for deliveries, and the receipts endpoints (``collector`` for SMS,
 from __future__ import annotations
 
 import itertools
-import socket
 import time
 from typing import Any, Callable
 
@@ -20,6 +19,7 @@ from adapters.simulators.smtp_sim import SmtpSim
 from adapters.simulators.twilio_sim import TwilioSim
 from adapters.simulators.vendor_sim import VendorSim
 from adapters.simulators.webhook_sim import WebhookSim
+from pipeline import embedded
 from pipeline.models import Delivery
 from tests.adapters.helpers import EmailReceiptCollector, ReceiptCollector
 
@@ -58,9 +58,7 @@ def make_delivery() -> Callable[..., Delivery]:
 @pytest.fixture
 def free_port() -> int:
     """A port on 127.0.0.1 with nothing listening (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return embedded.free_port()
 
 
 @pytest.fixture

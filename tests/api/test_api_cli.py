@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from pipeline.embedded import free_port
 from pipeline.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http(method: str, url: str, key: str | None = None, body: dict | None = None) -> tuple[int, dict]:
@@ -48,7 +42,7 @@ def test_keys_add_then_api_serves(redis_url, tmp_path):
     assert bad.returncode == 2 and "unknown scope" in bad.stderr and "Traceback" not in bad.stderr
     assert (tmp_path / "data" / "api_keys.json").exists()
 
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "api.log", "wb")
     proc = subprocess.Popen(cli + ["api", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -4,7 +4,6 @@ package, started by the test), with a screenshot."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.embedded import free_port
 from pipeline.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
