@@ -48,6 +48,7 @@ class Environment:
     main_nice: int = _knob("NOTIFY_MAIN_NICE", 10, "nice increment a `main` worker takes (0: none)")
     main_sched: str = _knob("NOTIFY_MAIN_SCHED", "idle", "idle | batch | normal: a `main` worker's scheduling class")
     metrics_port: Optional[int] = _knob("NOTIFY_METRICS_PORT", None, "a worker's Prometheus port on 127.0.0.1")
+    free_ports: str = _knob("NOTIFY_FREE_PORTS", "", "lo-hi: where a port for a server of ours is picked (default: from 10000 to below the kernel's ephemeral range)")
     loop: str = _knob("NOTIFY_LOOP", "uvloop", "uvloop | asyncio: a worker's event loop")
     debug: bool = _knob("NOTIFY_DEBUG", False, "CLI errors with their traceback")
     # -- tuning of the hot path ----------------------------------------------------
@@ -59,7 +60,6 @@ class Environment:
     scheduler_batch: int = _knob("NOTIFY_SCHEDULER_BATCH", 1000, "timers fired per scheduler pass")
     handoff: bool = _knob("NOTIFY_HANDOFF", True, "a delivery planned for a lane of the same worker with a free slot is handed to it in memory, not through its topic (0: always through the topic; docs/adr/0002)")
     # -- the clock (tests move it) -------------------------------------------------
-    free_ports: str = _knob("NOTIFY_FREE_PORTS", "", "lo-hi: where a port for a server of ours is picked (default: from 10000 to below the kernel's ephemeral range)")
     clock_offset_s: float = _knob("NOTIFY_CLOCK_OFFSET_S", 0.0, "seconds added to the pipeline's wall clock")
     clock_file: Optional[str] = _knob("NOTIFY_CLOCK_FILE", None, "a file holding a clock offset, re-read when it changes")
     # -- providers -----------------------------------------------------------------
