@@ -53,9 +53,9 @@ class Emit:
         topic = self.outcomes_topic.get_topic_name()
         by_user: dict[str, list[bytes]] = {}
         for o in items:
-            metrics.outcomes.labels(o.state, o.reason or "").inc()
+            metrics.outcomes_of(o.state, o.reason or "").inc()
             if o.latency_ms and first_terminal(o):
-                metrics.to_terminal.labels(o.priority).observe(o.latency_ms / 1000.0)
+                metrics.to_terminal_of(o.priority).observe(o.latency_ms / 1000.0)
             data = o.dumps()
             if self.grouped:
                 by_user.setdefault(o.user_id, []).append(data)

@@ -163,8 +163,8 @@ class Lanes:
             return out
         cur = d
         for i, r in enumerate(rnd.results):
-            metrics.attempts.labels(r.provider, r.result).inc()
-            metrics.send_latency.labels(d.channel, d.priority).observe(r.latency_ms / 1000)
+            metrics.attempts_of(r.provider, r.result).inc()
+            metrics.send_latency_of(d.channel, d.priority).observe(r.latency_ms / 1000)
             nxt = after_send(cur, r.result, now, provider=r.provider, retry_after=r.retry_after,
                              permanent_kind=r.permanent_kind, provider_msg_id=r.provider_msg_id)
             att = Attempt(delivery_id=d.delivery_id, seq=cur.attempt + 1, channel=d.channel, provider=r.provider,
@@ -246,7 +246,7 @@ class Lanes:
         tp, offset = src
         app.consumer.holds.hold(tp, offset)
         h.put(d, Handed(tp, offset, partition, held=True))
-        metrics.handoffs.labels(d.channel, d.priority).inc()
+        metrics.handoffs_of(d.channel, d.priority).inc()
         return True
 
     def make_lane(self, channel: str, priority: str):
