@@ -25,6 +25,8 @@ to_terminal = Histogram(
     ["priority"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 3600),
 )
+
+
 class Children:
     """A labelled metric's children by label values, each looked up through
     ``labels()`` once. ``labels()`` checks its arguments and takes the metric's lock
@@ -53,6 +55,7 @@ to_terminal_of = Children(to_terminal)
 attempts_of = Children(attempts)
 send_latency_of = Children(send_latency)
 handoffs_of = Children(handoffs)
+
 
 no_channel = Counter("notify_no_channel_total",
                      "Notifications dropped because no channel was left (opted out or unreachable, and the "

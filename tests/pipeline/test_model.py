@@ -149,13 +149,17 @@ def as_modelled(rows: dict, expected: dict) -> dict:
     """The records as (status, reason), a provider's acceptance the worker learnt by
     asking read as the model's plain acceptance.
 
-    A lane's "done" mark is cached until the next commit (agents/lanes.py ``finish``):
-    a lane restarted before it (an agent crash on a broker error, a rebalance) reads
-    again a delivery it had already sent, finds its "calling" mark, and asks the
-    provider instead of calling it again. The in-process fake remembers the message:
-    ACCEPTED, reason "reconciled". That record is right (taken once, and the worker
-    says how it knows); which calls a restart cuts short is timing the model cannot
-    know. Seen once in CI, on a slower machine: 36 OTPs around the kill."""
+    A lane's "done" mark is cached until the next commit (agents/lanes.py ``finish``).
+    A worker that rejoins before it (paused past its 3 s lease on a slow machine, it
+    is fenced, takes its partitions again and recovers its tables from the
+    changelogs) reads again a delivery it had already sent, finds the durable
+    "calling" mark, and asks the provider instead of calling it again. Its own
+    in-process fake remembers the message: ACCEPTED, reason "reconciled". That record
+    is right (taken once, and the worker says how it knows); which calls such a
+    pause catches is timing the model cannot know. Seen once in CI, on a machine
+    slower than this one: 36 OTPs of the first worker, just before its kill. Sent
+    twice would read ACCEPTED without a reason and stay a difference; the replay
+    below still checks that no new provider call is made."""
     out = {}
     for k, v in rows.items():
         got = (v["status"], v["reason"])
