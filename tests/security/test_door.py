@@ -166,7 +166,10 @@ async def test_row1_a_receipt_applies_only_to_its_own_providers_delivery(door, r
         assert status == 200 and resp == {"received": 1}  # signed: taken, then matched by the pipeline
         letters = await until(lambda: [d for d in dead_letters(redis_url) if d["source"] == "receipts"], 90,
                               "the receipt dead-lettered")
-        assert [d["reason"] for d in letters] == ["provider_mismatch"], letters
+        # (a dead letter is written at least once: the receipt's entry may be lettered
+        # again after a rebalance, as a worker on a loaded machine rejoins; seen once
+        # with a busy core beside the suite)
+        assert {(d["reason"], sid in d["payload"]) for d in letters} == {("provider_mismatch", True)}, letters
         row = pipe.rows()[(biz, user, "sms")]
         assert (row["status"], row["provider"], row["provider_msg_id"]) == ("ACCEPTED", "twilio", sid), row
 
