@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
-__all__ = ["Environment", "EnvError", "ROLES", "SCHED_CLASSES", "debug_requested", "port_range", "read_env", "table"]
+__all__ = ["Environment", "EnvError", "ROLES", "SCHED_CLASSES", "debug_requested", "outside_ephemeral", "port_range", "read_env", "table"]
 
 ROLES = ("all", "main", "priority")
 #: NOTIFY_MAIN_SCHED → the Linux scheduling class a ``main`` worker takes at start
@@ -141,20 +141,30 @@ def _port_range(text: str) -> Optional[tuple[int, int]]:
 
 def port_range(env: Environment) -> tuple[int, int]:
     """Where :func:`pipeline.embedded.free_port` looks (``NOTIFY_FREE_PORTS``, lo and
-    hi inclusive). Default: from 10000 to just below the kernel's ephemeral range,
-    the ports outgoing connections draw from, so a port picked now and bound
+    hi inclusive). Default: clear of the kernel's ephemeral range, the ports
+    outgoing connections draw from (:func:`outside_ephemeral`: from 10000 to just
+    below it, on Linux's default), so a port picked now and bound
     seconds later (a server that starts after its broker) is not taken meanwhile
     as the local end of some connection."""
     if env.free_ports:
         return _port_range(env.free_ports)  # type: ignore[return-value] - checked by read_env
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral_lo = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_lo = 32768
-    if ephemeral_lo <= 10001:  # a kernel lending every port out: the ports above its range
-        return 61000, 65535
-    return 10000, ephemeral_lo - 1
+            lo, hi = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999  # Linux's default
+    return outside_ephemeral(lo, hi)
+
+
+def outside_ephemeral(lo: int, hi: int) -> tuple[int, int]:
+    """The ports :func:`port_range` picks from, given the kernel's ephemeral range
+    ``lo``-``hi``: below it from 10000 when there are a thousand there, else above
+    it; a kernel that lends out nearly every port leaves 10000-65535."""
+    if lo - 10000 >= 1000:
+        return 10000, lo - 1
+    if 65535 - hi >= 1000:
+        return hi + 1, 65535
+    return 10000, 65535
 
 
 def debug_requested(env: Optional[Mapping[str, str]] = None) -> bool:

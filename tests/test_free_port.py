@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from config.environment import EnvError, port_range, read_env
+from config.environment import EnvError, outside_ephemeral, port_range, read_env
 from pipeline.embedded import free_port
 
 
@@ -14,6 +14,12 @@ def test_the_default_range_stays_below_the_ports_outgoing_connections_take():
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral_lo = int(f.read().split()[0])
     assert 1024 < lo < hi < ephemeral_lo
+
+
+def test_a_kernel_lending_the_low_ports_out_leaves_those_above_its_range():
+    assert outside_ephemeral(32768, 60999) == (10000, 32767)
+    assert outside_ephemeral(1024, 50000) == (50001, 65535)
+    assert outside_ephemeral(1024, 65000) == (10000, 65535)  # no thousand ports clear of it: all of them
 
 
 def test_a_stretch_of_its_own_is_kept_and_a_bound_port_passed_over(monkeypatch):
