@@ -1,7 +1,9 @@
 """A pool of SMTP sessions to one server, reused across messages (adapters/email_smtp.py).
 
-A session is an aiosmtplib client that is connected, has greeted (EHLO), and has
-done STARTTLS / AUTH when configured: ready for MAIL. The pool does not open
+A session is connected, has greeted (EHLO), and has done STARTTLS / AUTH when
+configured: ready for MAIL. Its ``smtp`` is the aiosmtplib client that sets it up,
+then the :class:`adapters._smtp_wire.SmtpWire` that carries its messages; the pool
+uses only what both have (``is_connected``, ``close``, ``quit``). The pool does not open
 sessions itself; the provider does, step by step, so that it knows which stage
 failed. The pool hands out slots and idle sessions:
 
@@ -32,7 +34,6 @@ import asyncio
 import time
 from typing import Any, Callable, Optional
 
-import aiosmtplib
 
 __all__ = ["PooledSession", "SmtpPool", "SmtpPoolClosed", "SmtpPoolTimeout"]
 
@@ -50,7 +51,7 @@ class PooledSession:
 
     __slots__ = ("smtp", "messages", "idle_since", "needs_rset", "reused")
 
-    def __init__(self, smtp: aiosmtplib.SMTP) -> None:
+    def __init__(self, smtp: Any) -> None:
         self.smtp = smtp
         #: messages accepted over this session (for ``max_messages``)
         self.messages = 0
@@ -136,7 +137,7 @@ class SmtpPool:
             return s
         return None
 
-    def opened_session(self, smtp: aiosmtplib.SMTP) -> PooledSession:
+    def opened_session(self, smtp: Any) -> PooledSession:
         """Wrap a session the caller opened in the slot it holds."""
         self.opened += 1
         return PooledSession(smtp)

@@ -1,16 +1,23 @@
 """E-mail over SMTP submission (RFC 6409) with aiosmtplib.
 
 Sessions are pooled per provider (:mod:`adapters._smtp_pool`): a session is
-opened once (connect with implicit TLS with ``use_tls``, STARTTLS with
-``start_tls=True``, or opportunistic STARTTLS when ``None``; EHLO; optional
-AUTH) and then carries many messages, each one MAIL / RCPT / DATA step by step,
-so we know how far the dialogue got when it breaks:
+opened once with aiosmtplib (connect with implicit TLS with ``use_tls``, STARTTLS
+with ``start_tls=True``, or opportunistic STARTTLS when ``None``; optional AUTH;
+EHLO) and then carries many messages through :mod:`adapters._smtp_wire`: when the
+server offers PIPELINING, ``[RSET] MAIL RCPT DATA`` as one group and the message
+after the 354 (two writes), otherwise one command at a time. Every reply is read
+in order, so we know how far the dialogue got when it breaks:
 
 * connect / EHLO / AUTH / MAIL / RCPT fail or time out → nothing was submitted:
   TRANSIENT_ERROR (AUTH failure is ours, not the recipient's: ``auth: …``);
 * 5xx at RCPT → PERMANENT_ERROR ``invalid_address``; 4xx → TRANSIENT_ERROR;
-* a timeout or a dropped connection during DATA: the server may have queued
-  the message → TIMEOUT_UNKNOWN;
+* a timeout, a dropped connection or a reply that is not SMTP once the message
+  went out: the server may have queued it → TIMEOUT_UNKNOWN (before it went
+  out, nothing can have been queued: TRANSIENT_ERROR);
+* a 354 to a DATA whose RCPT was refused (possible when pipelined) is ended
+  with an empty message, as RFC 2920 §3.1 asks;
+* an address that is not ASCII cannot go in MAIL / RCPT without SMTPUTF8:
+  PERMANENT_ERROR ``invalid_address``, nothing sent;
 * 5xx answer to DATA → PERMANENT_ERROR ``rejected``; 4xx → TRANSIENT_ERROR.
 
 The pool (``max_connections``, a provider's ``pool``; default 10) keeps at most
@@ -76,10 +83,12 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Optional
 
 import aiosmtplib
+from aiosmtplib.email import quote_address
 
 from pipeline.models import AttemptResult, Delivery
 
 from ._smtp_pool import PooledSession, SmtpPool
+from ._smtp_wire import Reply, SmtpWire, reply_error
 from .base import PermanentKind, Provider, SendResult, Stopwatch, email_bodies, unsubscribe_headers
 
 __all__ = ["SmtpConfig", "SmtpProvider", "build_mime", "list_unsubscribe_lines", "message_id_for"]
@@ -333,25 +342,74 @@ def build_mime(head: str, text: str, html: Optional[str]) -> bytes:
 # ---------------------------------------------------------------- the provider
 
 
-async def _mail(smtp: aiosmtplib.SMTP, sender: str) -> None:
-    """MAIL FROM, as ``smtp.mail`` sends it; straight through ``execute_command``
-    when the session has greeted and the address is plain (see ``_SIMPLE_ADDR_RE``)."""
-    if smtp.is_ehlo_or_helo_needed or not _SIMPLE_ADDR_RE.fullmatch(sender):
-        await smtp.mail(sender)
-        return
-    response = await smtp.execute_command(b"MAIL", b"FROM:<" + sender.encode("ascii") + b">")
-    if response.code != 250:
-        raise aiosmtplib.SMTPSenderRefused(response.code, response.message, sender)
+def envelope_address(address: str) -> bytes:
+    """An address as MAIL / RCPT carry it (``<addr>``), as aiosmtplib's
+    ``quote_address`` writes it; a plain one without its ``parseaddr``
+    (``_SIMPLE_ADDR_RE``). UnicodeEncodeError: not ASCII (no SMTPUTF8 here)."""
+    if _SIMPLE_ADDR_RE.fullmatch(address):
+        return b"<" + address.encode("ascii") + b">"
+    return quote_address(address).encode("ascii")
 
 
-async def _rcpt(smtp: aiosmtplib.SMTP, recipient: str) -> None:
-    """RCPT TO, as ``smtp.rcpt`` sends it (the same fast path as :func:`_mail`)."""
-    if smtp.is_ehlo_or_helo_needed or not _SIMPLE_ADDR_RE.fullmatch(recipient):
-        await smtp.rcpt(recipient)
-        return
-    response = await smtp.execute_command(b"RCPT", b"TO:<" + recipient.encode("ascii") + b">")
-    if response.code not in (250, 251):
-        raise aiosmtplib.SMTPRecipientRefused(response.code, response.message, recipient)
+class _Dialogue:
+    """How far one message's dialogue got (``stage``: pool, connect, auth, rset,
+    mail, rcpt, data) and whether the message itself went out (``sent``: only
+    then may the server have queued it)."""
+
+    __slots__ = ("stage", "sent")
+
+    def __init__(self) -> None:
+        self.stage = "pool"
+        self.sent = False
+
+    async def envelope(self, wire: SmtpWire, timeout: float, rset: bool, sender: bytes, recipient: bytes) -> None:
+        """``[RSET] MAIL RCPT DATA`` up to the 354: one group when the server
+        pipelines (every reply of the group is read, so the session stays in
+        step), else one command at a time. A refusal is raised as
+        aiosmtplib.SMTPResponseException at its stage."""
+        steps = [("mail", b"MAIL FROM:" + sender, (250,)), ("rcpt", b"RCPT TO:" + recipient, (250, 251)),
+                 ("data", b"DATA", (354,))]
+        if rset:
+            steps.insert(0, ("rset", b"RSET", (250,)))
+        pipelined = wire.pipelining
+        if pipelined:
+            wire.write(*(command for _, command, _ in steps))
+        refused: Optional[tuple[str, Reply]] = None
+        reply = None
+        for stage, command, ok in steps:
+            if refused is None:
+                self.stage = stage
+            if not pipelined:
+                wire.write(command)
+            reply = await wire.reply(timeout)
+            if reply.code == 421:  # the server is closing the session: nothing more is read from it
+                wire.close()
+                refused = refused or (stage, reply)
+                break
+            if reply.code not in ok and refused is None:
+                refused = (stage, reply)
+                if not pipelined:
+                    break
+        if refused is None:
+            return
+        if pipelined and reply is not None and reply.code == 354:
+            # a DATA taken after a refused RCPT: an empty message ends it, which the
+            # server must not send to anybody (RFC 2920 §3.1)
+            wire.write_message(b"")
+            await wire.reply(timeout)
+        self.stage = refused[0]
+        raise reply_error(refused[1])
+
+    async def message(self, wire: SmtpWire, timeout: float, raw: bytes) -> None:
+        """The message after the 354, and the server's answer to it."""
+        self.stage = "data"
+        wire.write_message(raw)
+        self.sent = True
+        reply = await wire.reply(timeout)
+        if reply.code != 250:
+            if reply.code == 421:
+                wire.close()
+            raise reply_error(reply)
 
 
 def _stale(session: Optional[PooledSession], stage: str, exc: BaseException) -> bool:
@@ -375,6 +433,7 @@ class SmtpProvider(Provider):
         self._pool: Optional[SmtpPool] = None
         self._from: Optional[str] = None  #: the From line, built once
         self._date: tuple[int, str] = (-1, "")  #: (second, its Date line)
+        self._sender_b: Optional[bytes] = None  #: MAIL FROM's address, quoted once
 
     # ------------------------------------------------------------ the message
 
@@ -447,6 +506,29 @@ class SmtpProvider(Provider):
         if pool is not None and pool.loop is asyncio.get_running_loop():
             await pool.close()
 
+    async def _open(self, session: PooledSession, d: _Dialogue) -> None:
+        """Connect (TLS as configured), AUTH, EHLO with aiosmtplib; then the
+        session's dialogue is ours (:class:`SmtpWire`)."""
+        smtp: aiosmtplib.SMTP = session.smtp  # type: ignore[assignment]
+        d.stage = "connect"
+        await smtp.connect()
+        if self.config.username:
+            d.stage = "auth"
+            await smtp.login(self.config.username, self.config.password or "")
+        d.stage = "connect"
+        if smtp.is_ehlo_or_helo_needed:
+            try:
+                await smtp.ehlo()
+            except aiosmtplib.SMTPHeloError:
+                await smtp.helo()  # an old server: no extensions, one command at a time
+        session.smtp = SmtpWire.take_over(smtp)
+
+    def _sender(self) -> bytes:
+        sender = self._sender_b
+        if sender is None:
+            sender = self._sender_b = envelope_address(self.config.from_addr)
+        return sender
+
     # ------------------------------------------------------------ sending
 
     async def send(self, delivery: Delivery) -> SendResult:
@@ -462,49 +544,48 @@ class SmtpProvider(Provider):
         except (ValueError, TypeError) as exc:  # e.g. a line break in a header: no injection, no call
             return SendResult(AttemptResult.PERMANENT_ERROR, name, error=f"bad message: {exc}"[:300],
                               permanent_kind=PermanentKind.INVALID_REQUEST, latency_ms=sw.ms)
+        try:
+            recipient = envelope_address(delivery.address)
+        except (UnicodeEncodeError, ValueError) as exc:  # not ASCII: no SMTPUTF8 here, no retry helps
+            return SendResult(AttemptResult.PERMANENT_ERROR, name, error=f"address: {exc}"[:300],
+                              permanent_kind=PermanentKind.INVALID_ADDRESS, latency_ms=sw.ms)
         msg_id = message_id_for(delivery.delivery_id, cfg.msgid_domain)
         pool = self._pool_here()
         session: Optional[PooledSession] = None
         held = False  # we hold a slot of the pool: give it back
         reusable = False  # the session ended in a known state: keep it
-        stage = "pool"
+        d = _Dialogue()
         try:
             session = await pool.take(cfg.timeout)
             held = True
             while True:
                 try:
                     if session is None:
-                        stage = "connect"
                         session = pool.opened_session(self._client())
-                        await session.smtp.connect()
-                        if cfg.username:
-                            stage = "auth"
-                            await session.smtp.login(cfg.username, cfg.password or "")
-                    elif session.needs_rset:
-                        stage = "rset"
-                        await session.smtp.rset()
-                        session.needs_rset = False
-                    stage = "mail"
-                    await _mail(session.smtp, cfg.from_addr)
+                        await self._open(session, d)
+                    elif (early := session.smtp.unsolicited()) is not None:
+                        # said while idle (a 421 before closing): not the answer to anything of ours
+                        d.stage = "rset" if session.needs_rset else "mail"
+                        session.smtp.close()
+                        raise reply_error(early)
+                    await d.envelope(session.smtp, cfg.timeout, session.needs_rset, self._sender(), recipient)
+                    session.needs_rset = False
                     break
                 except (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPResponseException, ConnectionError) as exc:
-                    if not _stale(session, stage, exc):
+                    if not _stale(session, d.stage, exc):
                         raise
                     pool.drop(session)  # the slot stays ours: one more try on a fresh session
                     session = None
-            stage = "rcpt"
-            await _rcpt(session.smtp, delivery.address)
-            stage = "data"
-            await session.smtp.data(raw)
-            stage = "done"
+            await d.message(session.smtp, cfg.timeout, raw)
+            d.stage = "done"
             session.messages += 1
             reusable = True
         except aiosmtplib.SMTPAuthenticationError as exc:
             return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"auth: {exc.code} {exc.message}"[:300], latency_ms=sw.ms)
         except aiosmtplib.SMTPResponseException as exc:
+            stage = d.stage
             err = f"{stage}: {exc.code} {exc.message}"[:300]
-            if stage in ("mail", "rcpt", "data") and 400 <= exc.code < 600 \
-                    and not session.smtp.is_ehlo_or_helo_needed:  # type: ignore[union-attr]
+            if stage in ("rset", "mail", "rcpt", "data") and 400 <= exc.code < 600 and session.smtp.is_connected:  # type: ignore[union-attr]
                 # a clean refusal in a session that has greeted: it is fine, its
                 # transaction is reset before the next message
                 session.needs_rset = True  # type: ignore[union-attr]
@@ -521,7 +602,7 @@ class SmtpProvider(Provider):
             return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=err, latency_ms=sw.ms)
         except (aiosmtplib.SMTPTimeoutError, aiosmtplib.SMTPServerDisconnected, ConnectionError, TimeoutError) as exc:
             kind = type(exc).__name__
-            if stage == "data":
+            if d.sent:  # the message went out: the server may have queued it
                 return SendResult(
                     AttemptResult.TIMEOUT_UNKNOWN,
                     name,
@@ -529,10 +610,11 @@ class SmtpProvider(Provider):
                     error=f"data: {kind}: {exc}"[:300],
                     latency_ms=sw.ms,
                 )
-            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"{stage}: {kind}: {exc}"[:300], latency_ms=sw.ms)
-        except Exception as exc:  # noqa: BLE001 - OSError, TLS errors, SMTPNotSupported, the pool closed, …
-            result = AttemptResult.TIMEOUT_UNKNOWN if stage == "data" else AttemptResult.TRANSIENT_ERROR
-            return SendResult(result, name, error=f"{stage}: {type(exc).__name__}: {exc}"[:300], latency_ms=sw.ms)
+            return SendResult(AttemptResult.TRANSIENT_ERROR, name, error=f"{d.stage}: {kind}: {exc}"[:300], latency_ms=sw.ms)
+        except Exception as exc:  # noqa: BLE001 - OSError, TLS errors, SMTPNotSupported, a reply that is not SMTP, the pool closed, …
+            result = AttemptResult.TIMEOUT_UNKNOWN if d.sent else AttemptResult.TRANSIENT_ERROR
+            return SendResult(result, name, provider_msg_id=msg_id if d.sent else None,
+                              error=f"{d.stage}: {type(exc).__name__}: {exc}"[:300], latency_ms=sw.ms)
         finally:
             if held:
                 # a broken dialogue (or a cancelled send) closes the session without QUIT,

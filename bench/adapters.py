@@ -87,7 +87,7 @@ def shipped_transport(provider: str, config: object) -> str:
     default: then adapters/_h2.py too), SMTP over aiosmtplib, the rest over aiohttp."""
     if provider == "apns" or (provider == "fcm" and getattr(config, "http2", False)):
         return "h2 (ours)"
-    return "aiosmtplib" if provider == "smtp" else "aiohttp"
+    return "aiosmtplib + pipelined" if provider == "smtp" else "aiohttp"
 
 
 async def measure(provider: str, info: dict, calls: int, conc: int, tag: str) -> dict | None:
@@ -238,7 +238,7 @@ def main() -> None:
     for t, r in rows:
         b = base.get((r["provider"], r["conc"]))
         ratio = f"{b['cpu_us'] / r['cpu_us']:.1f}x less CPU" if b and t == "shipped" else ""
-        transport = r["transport"] if t == "shipped" else "aiosmtplib → sink" if t == "sink" else "httpx (httpcore)"
+        transport = r["transport"] if t == "shipped" else "aiosmtplib + pipelined → sink" if t == "sink" else "httpx (httpcore)"
         print(f"| {r['provider']} | {transport} | {r['conc']} | {r['calls_s']:,.0f} | {r['cpu_us']:,.0f} | {ratio} | "
               f"{', '.join(f'{k} {v}' for k, v in sorted(r['results'].items()))} |")
 

@@ -12,7 +12,9 @@ the EHLO name it came with (``helo``).
 
 Options: ``tls=True`` offers STARTTLS with a self-signed certificate generated
 in memory (clients trust :attr:`SmtpSim.cert_pem`) and requires it;
-``username``/``password`` require AUTH (PLAIN/LOGIN).
+``username``/``password`` require AUTH (PLAIN/LOGIN); ``pipelining=False`` does
+not advertise PIPELINING (RFC 2920, advertised by default as the providers' relays
+do), for a client's one-command-at-a-time path.
 
 Scenarios by the recipient's local part prefix: ``bounce…`` → 550 5.1.1 at
 RCPT, ``tempfail…`` / ``flaky…`` → 451 at RCPT on the first try for that
@@ -104,6 +106,15 @@ class _Handler:
     def __init__(self, sim: "SmtpSim") -> None:
         self.sim = sim
 
+    async def handle_EHLO(self, server: SMTP, session: Any, envelope: Any, hostname: str, responses: list[str]) -> list[str]:
+        """aiosmtpd's EHLO answer, with PIPELINING when the simulator offers it
+        (aiosmtpd reads commands one by one from its buffer, so it can take
+        them pipelined; it just does not say so)."""
+        session.host_name = hostname
+        if self.sim.pipelining:
+            responses.insert(len(responses) - 1, "250-PIPELINING")
+        return responses
+
     async def handle_RCPT(self, server: SMTP, session: Any, envelope: Any, address: str, rcpt_options: list[str]) -> str:
         core = self.sim.core
         helo = str(getattr(session, "host_name", "") or "")
@@ -182,9 +193,12 @@ class SmtpSim:
         username: Optional[str] = None,
         password: Optional[str] = None,
         require_fqdn_helo: bool = True,
+        pipelining: bool = True,
     ) -> None:
         self.core = SimCore(self.name, profile or SimProfile.realistic())
         self.require_fqdn_helo = require_fqdn_helo
+        #: advertise PIPELINING (RFC 2920), as the relays of the e-mail providers do
+        self.pipelining = pipelining
         self.host = host
         self.port = port
         self.tls = tls
