@@ -564,8 +564,9 @@ class SmtpProvider(Provider):
                         session = pool.opened_session(self._client())
                         await self._open(session, d)
                     elif (early := session.smtp.unsolicited()) is not None:
-                        # said while idle (a 421 before closing): not the answer to anything of ours
-                        d.stage = "rset" if session.needs_rset else "mail"
+                        # said while idle (a 421 before closing): not the answer to anything of
+                        # ours, and the session is left before anything of this message was sent
+                        d.stage = "rset"
                         session.smtp.close()
                         raise reply_error(early)
                     await d.envelope(session.smtp, cfg.timeout, session.needs_rset, self._sender(), recipient)

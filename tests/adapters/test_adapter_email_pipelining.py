@@ -274,3 +274,28 @@ async def test_aiosmtpd_takes_both(profile, make_delivery, pipelining):
     finally:
         await p.close()
         await sim.stop()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "starttls-auth"])
+def test_on_uvloop_the_loop_the_workers_run(profile, make_delivery, tls):
+    """The workers run uvloop (pipeline/lean.py): its transports, plain and TLS,
+    are handed from aiosmtplib's protocol to ours the same way."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def run() -> list:
+        kw = dict(tls=True, username="notify", password="s3cret") if tls else {}
+        sim = SmtpSim(profile, **kw)
+        await sim.start()
+        cfg = dict(start_tls=True, tls_context=sim.client_tls_context(), username="notify", password="s3cret") \
+            if tls else dict(start_tls=False)
+        p = SmtpProvider(SmtpConfig(host=sim.host, port=sim.port, timeout=2.0, msgid_domain="notify.example.com", **cfg))
+        try:
+            results = [(await p.send(make_delivery("email", a, CONTENT))).result
+                       for a in ("a@example.org", "bounce@example.org", "b@example.org")]
+            assert p.pool.opened == 1 and isinstance(asyncio.get_running_loop(), uvloop.Loop)
+            return results
+        finally:
+            await p.close()
+            await sim.stop()
+
+    assert uvloop.run(run()) == [AttemptResult.ACCEPTED, AttemptResult.PERMANENT_ERROR, AttemptResult.ACCEPTED]
