@@ -128,6 +128,7 @@ class _Connection(asyncio.Protocol):
         self.usable = True  #: False after GOAWAY, a lost connection or spent stream ids
         self.lost: Optional[str] = None  #: why the connection ended, once it has
         self._write_paused: Optional[asyncio.Future] = None
+        self._flush_due = False  #: a flush is scheduled for the end of this turn (:meth:`_flush_soon`)
 
     # -------------------------------------------------------------- asyncio
 
@@ -209,6 +210,18 @@ class _Connection(asyncio.Protocol):
         data = self.h2.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+
+    def _flush_soon(self) -> None:
+        """Flush at the end of this turn of the loop: the requests a lane starts
+        together (its calls begin in the same turn) leave in one socket write
+        instead of one each, and none waits longer than the turn."""
+        if not self._flush_due:
+            self._flush_due = True
+            self.loop.call_soon(self._flush_turn)
+
+    def _flush_turn(self) -> None:
+        self._flush_due = False
+        self._flush()
 
     def _end(self, stream_id: int, error: Optional[BaseException]) -> None:
         """The stream is over: answered (``error`` None) or failed."""
@@ -317,9 +330,9 @@ class _Connection(asyncio.Protocol):
         try:
             async with asyncio.timeout(timeout.get("read")):
                 if body:
-                    await self._send_body(s, body)  # flushes HEADERS and DATA in one write
+                    await self._send_body(s, body)  # HEADERS and DATA in one write, with the turn's others
                 else:
-                    self._flush()
+                    self._flush_soon()
                 await s.done
         except TimeoutError:
             if s.sent:
@@ -368,7 +381,9 @@ class _Connection(asyncio.Protocol):
                 continue
             chunk, view = view[:size], view[size:]
             self.h2.send_data(s.id, bytes(chunk), end_stream=not view)
-            self._flush()
+            if view:
+                self._flush()
+        self._flush_soon()
         s.sent = True
 
     def _reset(self, stream_id: int) -> None:

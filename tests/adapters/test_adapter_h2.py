@@ -397,3 +397,28 @@ async def test_pool_timeout_when_no_stream_comes_free(make_delivery):
             assert len(judge.processed) == 1
         finally:
             await p.close()
+
+
+async def test_pushes_started_in_one_turn_leave_in_one_write(make_delivery):
+    """A lane starts its calls in the same turn of the loop: their HEADERS and DATA
+    frames go out as one socket write (counted on our side of the connection), and
+    every push is answered as before."""
+    async with Judge(max_streams=100, window=65535) as judge:
+        p = apns_for(judge)
+        try:
+            assert (await p.send(make_delivery("push", "apns:" + "f" * 64))).ok  # the connection, its SETTINGS
+            [conn] = p._h2._conns.values()  # noqa: SLF001 - the one connection of the origin
+            writes: list[int] = []
+            write = conn.transport.write
+
+            def counted(data: bytes) -> None:
+                writes.append(len(data))
+                write(data)
+
+            conn.transport.write = counted
+            results = await send_many(p, make_delivery, 20)
+            assert [r.result for r in results] == [AttemptResult.ACCEPTED] * 20 and judge.bad == []
+            requests = [w for w in writes if w > 200]  # window updates and pings are a few bytes
+            assert len(requests) == 1, writes
+        finally:
+            await p.close()
