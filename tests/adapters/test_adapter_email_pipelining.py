@@ -299,3 +299,32 @@ def test_on_uvloop_the_loop_the_workers_run(profile, make_delivery, tls):
             await sim.stop()
 
     assert uvloop.run(run()) == [AttemptResult.ACCEPTED, AttemptResult.PERMANENT_ERROR, AttemptResult.ACCEPTED]
+
+
+@pytest.mark.parametrize("flood", [b"250-" + b"x" * 200 + b"\r\n", b"y" * 8192], ids=["endless-multiline-reply", "no-line-end"])
+async def test_a_server_that_floods_its_reply_fails_the_message_not_the_worker(scripted, make_delivery, flood):
+    """A reply without end (lines of a multi-line reply forever, or bytes without a
+    line end) is cut at the reply's size limit: the message is TRANSIENT_ERROR
+    (nothing of it went out), the session closed, memory bounded."""
+    s = await scripted()
+    p = SmtpProvider(s.config())
+    try:
+        assert (await p.send(make_delivery("email", "a@example.org", CONTENT))).ok
+
+        async def flood_it() -> None:
+            w = s.writers[0]
+            for _ in range(2000):
+                if w.is_closing():
+                    return
+                w.write(flood)
+                await w.drain()
+                await asyncio.sleep(0)
+
+        s.answer = lambda c: "250-a reply that goes on"  # to MAIL, RCPT and DATA: no reply ends
+        task = asyncio.ensure_future(flood_it())
+        r = await p.send(make_delivery("email", "b@example.org", CONTENT))
+        task.cancel()
+        assert r.result == AttemptResult.TRANSIENT_ERROR and "SmtpReplyError" in r.error, r
+        assert p.pool.idle_count == 0 and len(s.messages) == 1
+    finally:
+        await p.close()
