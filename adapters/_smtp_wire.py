@@ -36,8 +36,9 @@ from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
 
 __all__ = ["Reply", "SmtpReplyError", "SmtpWire", "reply_error"]
 
-#: a reply line longer than this, or a reply of more lines, is not SMTP (RFC 5321 §4.5.3.1.5: 512)
+#: a reply line longer than this is not SMTP (RFC 5321 §4.5.3.1.5 allows 512 octets)
 _MAX_LINE = 4096
+#: nor is a (multi-line) reply longer than this
 _MAX_REPLY = 64 * 1024
 
 
@@ -82,6 +83,8 @@ class SmtpWire(asyncio.Protocol):
     # ------------------------------------------------------------ the protocol
 
     def data_received(self, data: bytes) -> None:
+        if self._lost is not None:  # failed: what still arrives is not read
+            return
         buf = self._buffer
         buf += data
         start = 0
