@@ -12,7 +12,8 @@ the EHLO name it came with (``helo``).
 
 Options: ``tls=True`` offers STARTTLS with a self-signed certificate generated
 in memory (clients trust :attr:`SmtpSim.cert_pem`) and requires it;
-``username``/``password`` require AUTH (PLAIN/LOGIN); ``pipelining=False`` does
+``username``/``password`` require AUTH (PLAIN/LOGIN); ``implicit_tls=True`` serves
+TLS from the first byte (SMTPS, port 465's way) instead; ``pipelining=False`` does
 not advertise PIPELINING (RFC 2920, advertised by default as the providers' relays
 do), for a client's one-command-at-a-time path.
 
@@ -38,6 +39,7 @@ import contextlib
 import secrets
 import ssl
 import time
+import warnings
 import weakref
 from email import policy
 from typing import Any, Optional
@@ -111,6 +113,8 @@ class _Handler:
         (aiosmtpd reads commands one by one from its buffer, so it can take
         them pipelined; it just does not say so)."""
         session.host_name = hostname
+        if self.sim.implicit_tls and getattr(session, "ssl", None) is None:  # SMTPS: TLS from the first byte
+            session.ssl = server.transport.get_extra_info("ssl_object") if server.transport is not None else None
         if self.sim.pipelining:
             responses.insert(len(responses) - 1, "250-PIPELINING")
         return responses
@@ -194,11 +198,14 @@ class SmtpSim:
         password: Optional[str] = None,
         require_fqdn_helo: bool = True,
         pipelining: bool = True,
+        implicit_tls: bool = False,
     ) -> None:
         self.core = SimCore(self.name, profile or SimProfile.realistic())
         self.require_fqdn_helo = require_fqdn_helo
         #: advertise PIPELINING (RFC 2920), as the relays of the e-mail providers do
         self.pipelining = pipelining
+        #: TLS from the first byte (port 465, a client's ``use_tls``) instead of STARTTLS
+        self.implicit_tls = implicit_tls
         self.host = host
         self.port = port
         self.tls = tls
@@ -233,14 +240,22 @@ class SmtpSim:
             kw.update(tls_context=self._tls_context, require_starttls=True)
         if self.username:
             kw.update(auth_required=True, authenticator=self._authenticator, auth_require_tls=self._tls_context is not None)
-        proto = SMTP(self._handler, **kw)
+        with warnings.catch_warnings():
+            if self.implicit_tls:  # aiosmtpd sees no STARTTLS and warns; the socket is TLS from its first byte
+                warnings.filterwarnings("ignore", "Requiring AUTH while not requiring TLS", UserWarning)
+            proto = SMTP(self._handler, **kw)
         self._protocols.add(proto)
         return proto
 
     async def start(self) -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        if self.implicit_tls:
+            self.cert_pem, smtps = server_tls_context(self.host, "localhost")
+            self._server = await loop.create_server(self._factory, self.host, self.port, ssl=smtps)
+            self.port = self._server.sockets[0].getsockname()[1]
+            return self.host, self.port
         if self.tls:
             self.cert_pem, self._tls_context = server_tls_context(self.host, "localhost")
-        loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._factory, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.host, self.port

@@ -276,18 +276,47 @@ async def test_aiosmtpd_takes_both(profile, make_delivery, pipelining):
         await sim.stop()
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plain", "starttls-auth"])
+def _tls_setups(tls: str, sim: Optional[SmtpSim] = None) -> dict:
+    """The simulator's options (no ``sim``) or the client's, for a TLS setup."""
+    if tls == "plain":
+        return {} if sim is None else dict(start_tls=False)
+    auth = dict(username="notify", password="s3cret")
+    if sim is None:
+        return dict(tls=True, **auth) if tls == "starttls" else dict(implicit_tls=True, **auth)
+    if tls == "starttls":
+        return dict(start_tls=True, tls_context=sim.client_tls_context(), **auth)
+    return dict(use_tls=True, start_tls=False, tls_context=sim.client_tls_context(), **auth)
+
+
+async def test_implicit_tls_with_auth_pipelines_too(profile, make_delivery):
+    """Port 465's way (TLS from the first byte, then AUTH): the session is handed
+    over the same way and carries several messages."""
+    sim = SmtpSim(profile, **_tls_setups("implicit"))
+    await sim.start()
+    p = SmtpProvider(SmtpConfig(host=sim.host, port=sim.port, timeout=2.0, msgid_domain="notify.example.com",
+                                **_tls_setups("implicit", sim)))
+    try:
+        for i in range(3):
+            r = await p.send(make_delivery("email", f"u{i}@example.org", CONTENT))
+            assert r.result == AttemptResult.ACCEPTED, r
+        assert p.pool.opened == 1 and len(sim.core.messages) == 3
+        assert all(m["tls"] for m in sim.core.messages.values())
+    finally:
+        await p.close()
+        await sim.stop()
+
+
+@pytest.mark.parametrize("tls", ["plain", "starttls", "implicit"])
 def test_on_uvloop_the_loop_the_workers_run(profile, make_delivery, tls):
-    """The workers run uvloop (pipeline/lean.py): its transports, plain and TLS,
-    are handed from aiosmtplib's protocol to ours the same way."""
+    """The workers run uvloop (pipeline/lean.py): its transports, plain and TLS
+    (STARTTLS or implicit, with AUTH), are handed from aiosmtplib's protocol to
+    ours the same way."""
     uvloop = pytest.importorskip("uvloop")
 
     async def run() -> list:
-        kw = dict(tls=True, username="notify", password="s3cret") if tls else {}
-        sim = SmtpSim(profile, **kw)
+        sim = SmtpSim(profile, **_tls_setups(tls))
         await sim.start()
-        cfg = dict(start_tls=True, tls_context=sim.client_tls_context(), username="notify", password="s3cret") \
-            if tls else dict(start_tls=False)
+        cfg = _tls_setups(tls, sim)
         p = SmtpProvider(SmtpConfig(host=sim.host, port=sim.port, timeout=2.0, msgid_domain="notify.example.com", **cfg))
         try:
             results = [(await p.send(make_delivery("email", a, CONTENT))).result
