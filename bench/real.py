@@ -6,7 +6,7 @@ campaign burst of N events (several recipients each, every channel) while OTPs
 arrive at 20/s throughout; then the same run with ``--providers fake`` (in-process
 fakes answering at once), for the ratio.
 
-    .venv/bin/python bench/real.py [--events 50000] [--otp-rate 20] [--markdown]
+    .venv/bin/python bench/real.py [--events 50000] [--otp-rate 20] [--providers simulators,fake] [--section real-run]
 
 Reported per run: notifications/s (99% of the campaign's records over the time
 from its first acceptance until 99% of them settled, i.e. reached their first
@@ -14,7 +14,11 @@ terminal state; the time the last one settled is shown beside it: retries end
 minutes later by design; the OTPs, which arrive until the run ends, are not
 counted in it), OTP p50/p99/max from acceptance to the provider call and to the
 terminal state, per priority the share of records terminal within 60 s of
-acceptance (quiet-hours deferrals excluded), and CPU seconds per process.
+acceptance (quiet-hours deferrals excluded), CPU seconds per process and the
+seconds each waited for a core, and the pipeline's CPU per record without the
+simulators. The run writes its generated section of bench/RESULTS.md
+(``--section``, default ``real-run``; the commentary of the hand-written "real"
+section refers to it).
 """
 
 from __future__ import annotations
@@ -222,30 +226,40 @@ def main() -> None:
     ap.add_argument("--otp-rate", type=float, default=20.0)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--providers", default="simulators,fake", help="the runs, in order (comma-separated)")
+    ap.add_argument("--section", default="real-run",
+                    help="the generated section of bench/RESULTS.md this run writes ('' writes none)")
     args = ap.parse_args()
     results = [run(p, args.events, args.users, args.otp_rate, args.timeout) for p in args.providers.split(",")]
-    print("| providers | records | notifications/s | 99% / all settled s | OTPs | OTP → provider call p50 / p99 / max ms | "
-          "OTP → ACCEPTED/DELIVERED p50 / p99 / max ms | terminal ≤ 60 s high / normal / low |")
-    print("|---|---:|---:|---:|---:|---|---|---|")
+    lines = ["| providers | records | notifications/s | 99% / all settled s | OTPs | OTP → provider call p50 / p99 / max ms | "
+             "OTP → ACCEPTED/DELIVERED p50 / p99 / max ms | terminal ≤ 60 s high / normal / low |",
+             "|---|---:|---:|---:|---:|---|---|---|"]
     for r in results:
         w = " / ".join(f"{100 * a / b:.1f}%" if b else "-" for a, b in r["within"].values())
-        print(f"| {r['providers']} | {r['records']:,} | {r['rate']:,.0f} | {r['t99']:.0f} / {r['t100']:.0f} | {r['otp_n']} | "
-              f"{r['otp_call'][0]:.0f} / {r['otp_call'][1]:.0f} / {r['otp_call'][2]:.0f} | "
-              f"{r['otp_term'][0]:.0f} / {r['otp_term'][1]:.0f} / {r['otp_term'][2]:.0f} | {w} |")
+        lines.append(f"| {r['providers']} | {r['records']:,} | {r['rate']:,.0f} | {r['t99']:.0f} / {r['t100']:.0f} | "
+                     f"{r['otp_n']} | {r['otp_call'][0]:.0f} / {r['otp_call'][1]:.0f} / {r['otp_call'][2]:.0f} | "
+                     f"{r['otp_term'][0]:.0f} / {r['otp_term'][1]:.0f} / {r['otp_term'][2]:.0f} | {w} |")
     if len(results) == 2:
-        print(f"\nreal / fake throughput: {results[0]['rate'] / results[1]['rate']:.2f}")
+        lines.append(f"\nreal / fake throughput: {results[0]['rate'] / results[1]['rate']:.2f}")
     for r in results:
-        print(f"\nCPU seconds per process, and seconds it waited for a core ({r['providers']}):")
+        lines.append(f"\nCPU seconds per process, and seconds it waited for a core ({r['providers']}):\n```")
         waited = r.get("waited", {})
         for name, s in sorted(r["cpu"].items(), key=lambda kv: -kv[1]):
-            print(f"  {s:7.1f} {waited.get(name, 0.0):7.1f}  {name}")
+            lines.append(f"  {s:7.1f} {waited.get(name, 0.0):7.1f}  {name}")
         records = max(r["records"], 1)
         main_s = sum(s for name, s in r["cpu"].items() if "--role main" in name)
-        print(f"  main workers: {main_s:.1f} s, {main_s / records * 1000:.3f} ms per record")
+        lines.append(f"  main workers: {main_s:.1f} s, {main_s / records * 1000:.3f} ms per record")
         ours = sum(s for name, s in r["cpu"].items() if "adapters.simulators" not in name)
-        print(f"  the pipeline (all but the simulators: workers, API, broker): {ours:.1f} s, "
-              f"{ours / records * 1000:.3f} ms per record")
+        lines.append(f"  the pipeline (all but the simulators: workers, API, broker): {ours:.1f} s, "
+                     f"{ours / records * 1000:.3f} ms per record\n```")
+    body = "\n".join(lines)
+    print(body)
+    if args.section:
+        from bench.results import write_section
 
+        command = (f".venv/bin/python bench/real.py --events {args.events} --users {args.users} --timeout {args.timeout:g}"
+                   + (f" --otp-rate {args.otp_rate:g}" if args.otp_rate != 20.0 else "")
+                   + (f" --providers {args.providers}" if args.providers != "simulators,fake" else ""))
+        write_section(args.section, command, body)
 
 if __name__ == "__main__":
     main()
