@@ -8,8 +8,9 @@ recipient whose DATA the server still took is ended with an empty message; a
 server without PIPELINING gets one command at a time; a reply nobody asked for
 (a 421 said while idle) moves the message to a fresh session; a reply that is not
 SMTP fails the message by how far it got. aiosmtpd (the simulator's server
-library) is the other side in tests/adapters/test_adapter_email_pool.py, with
-and without PIPELINING advertised."""
+library) is the other side in ``test_aiosmtpd_takes_both`` (with and without
+PIPELINING advertised), in the TLS and uvloop tests at the end, and in
+tests/adapters/test_adapter_email_pool.py."""
 
 from __future__ import annotations
 
