@@ -32,7 +32,7 @@ from collections import deque
 from typing import NamedTuple, Optional
 
 import aiosmtplib
-from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
+from aiosmtplib.protocol import COMMAND_INJECTION_REGEX, PERIOD_REGEX, normalize_message_line_endings
 
 __all__ = ["Reply", "SmtpReplyError", "SmtpWire", "reply_error"]
 
@@ -158,11 +158,13 @@ class SmtpWire(asyncio.Protocol):
         return None
 
     def write(self, *commands: bytes) -> None:
-        """Write commands (each a line without its CRLF) as one segment; each
-        expects one reply, taken in order by :meth:`reply`."""
+        """Write commands (each a line without its CRLF) as one write; each
+        expects one reply, taken in order by :meth:`reply`. A command holding a
+        control character (a line break, a NUL, …) is refused before anything is
+        written, by aiosmtplib's own rule for its commands."""
         for c in commands:
-            if b"\r" in c or b"\n" in c:
-                raise ValueError(f"a line break in an SMTP command: {c[:80]!r}")
+            if COMMAND_INJECTION_REGEX.search(c):
+                raise ValueError(f"a control character in an SMTP command: {c[:80]!r}")
         self._send(b"\r\n".join(commands) + b"\r\n", len(commands))
 
     def write_message(self, message: bytes) -> None:

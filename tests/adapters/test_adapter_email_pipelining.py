@@ -255,6 +255,23 @@ async def test_an_address_that_is_not_ascii_is_refused_before_any_call(scripted,
         await p.close()
 
 
+async def test_a_control_character_in_an_address_never_reaches_the_wire(scripted, make_delivery):
+    """aiosmtplib refused a command holding a control character before writing it;
+    the pipelined dialogue keeps that rule: nothing of the message is written, the
+    session is not reused, and the next message goes out as usual."""
+    s = await scripted()
+    p = SmtpProvider(s.config())
+    try:
+        assert (await p.send(make_delivery("email", "a@example.org", CONTENT))).ok
+        r = await p.send(make_delivery("email", "x\x01y@example.org", CONTENT))
+        assert r.result == AttemptResult.TRANSIENT_ERROR and "control character" in r.error, r
+        assert (await p.send(make_delivery("email", "b@example.org", CONTENT))).ok
+    finally:
+        await p.close()
+    wire = b"".join(b"".join(chunks) for chunks in s.connections)
+    assert b"\x01" not in wire and len(s.messages) == 2
+
+
 @pytest.mark.parametrize("pipelining", [True, False], ids=["pipelining", "one-at-a-time"])
 async def test_aiosmtpd_takes_both(profile, make_delivery, pipelining):
     """The simulator's server library, with PIPELINING advertised and without:
