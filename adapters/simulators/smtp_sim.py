@@ -248,15 +248,13 @@ class SmtpSim:
         return proto
 
     async def start(self) -> tuple[str, int]:
-        loop = asyncio.get_running_loop()
+        smtps = None  # implicit TLS: the server's socket is TLS; STARTTLS: the protocol's context
         if self.implicit_tls:
             self.cert_pem, smtps = server_tls_context(self.host, "localhost")
-            self._server = await loop.create_server(self._factory, self.host, self.port, ssl=smtps)
-            self.port = self._server.sockets[0].getsockname()[1]
-            return self.host, self.port
-        if self.tls:
+        elif self.tls:
             self.cert_pem, self._tls_context = server_tls_context(self.host, "localhost")
-        self._server = await loop.create_server(self._factory, self.host, self.port)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._factory, self.host, self.port, ssl=smtps)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.host, self.port
 
