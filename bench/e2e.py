@@ -2,7 +2,7 @@
 (valkey-server, AOF everysec), two worker processes splitting 8 partitions, the
 in-process fake providers at zero latency.
 
-    python bench/e2e.py [--events 20000] [--profile]
+    python bench/e2e.py [--events 20000] [--profile] [--workers 2]
 
 1. Users: phone/email preferences (some opted out of marketing, a few in quiet
    hours) and push devices go through notify.preferences / notify.devices; two
@@ -55,7 +55,7 @@ from pipeline.transport.keys import Keys  # noqa: E402
 from tests.transport.helpers import produce_async  # noqa: E402
 
 PARTITIONS = 8
-WORKERS = 2
+WORKERS = 2  # --workers
 GROUP = "notify"
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -713,8 +713,13 @@ def main() -> None:
     ap.add_argument("--event-loop", choices=("uvloop", "asyncio", "both"), default=None,
                     help="the workers' event loop (NOTIFY_LOOP); 'both' runs asyncio and uvloop twice each,"
                          " alternating, and writes the 'loop' section of bench/RESULTS.md")
+    ap.add_argument("--workers", type=int, default=WORKERS,
+                    help="worker processes (default 2); 1 keeps every hop in one process (no intents"
+                         " hop between workers)")
     ap.add_argument("--worker-shim", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global WORKERS
+    WORKERS = args.workers
     if args.worker_shim:
         return worker_shim(args.worker_shim)
     if args.event_loop == "both":

@@ -57,6 +57,17 @@ class CachedTable(faust.Table):
         table is not windowed (windowed keys carry their own expiry)."""
         return getattr(self.app.producer, "flushes_table_caches", False) and self.window is None
 
+    def get(self, key: Any, default: Any = None) -> Any:
+        """``table.get(key)`` read from the store: what ``Mapping.get`` answers for a
+        table without a default nor a window, without its four Python layers
+        (``__getitem__``, the sensors' ``on_table_get``, ``__missing__``'s
+        ``KeyError``): 0.8-1.5 µs against 0.25, several reads per notification. No
+        sensor hears of the read (our workers run without Faust's Monitor:
+        pipeline/lean.py). A table with a default or a window keeps Faust's."""
+        if self.default is None and self.window is None:
+            return self.data.get(key, default)
+        return super().get(key, default)
+
     def on_key_set(self, key: Any, value: Any) -> None:
         if not self.caching():
             return super().on_key_set(key, value)

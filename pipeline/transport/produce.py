@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError
 
 from .keys import Keys
 from .scripts import PRODUCE
+from .wire import Wire
 
 __all__ = ["PRODUCE_SHA", "Entry", "ProduceBatch", "load_produce", "produce_args", "script_missing"]
 
@@ -56,11 +57,14 @@ def script_missing(result: Any) -> bool:
 
 class ProduceBatch:
     """``PRODUCE`` calls sent together: :meth:`add` one per topic-partition, then
-    :meth:`run` once."""
+    :meth:`run` once. With a ``wire`` (:mod:`.wire`: a single server, plain TCP)
+    they go on that connection instead of a redis-py pipeline; the results are
+    the same."""
 
-    def __init__(self, client: Any, keys: Keys) -> None:
+    def __init__(self, client: Any, keys: Keys, wire: Optional[Wire] = None) -> None:
         self.client = client
         self.keys = keys
+        self.wire = wire
         self._calls: list[tuple[list[str], list[Any]]] = []
 
     def __len__(self) -> int:
@@ -85,6 +89,10 @@ class ProduceBatch:
         return results
 
     async def _execute(self, which: Any) -> list[Any]:
+        if self.wire is not None:
+            calls = self._calls
+            return await self.wire.execute(
+                [("EVALSHA", PRODUCE_SHA, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in which])
         pipe = self.client.pipeline(transaction=False)
         for i in which:
             skeys, args = self._calls[i]

@@ -21,6 +21,7 @@ from .client import TRANSIENT_ERRORS
 from .cache import cached_tables, flush_tables
 from .priority import in_priority_task, priority_topics
 from .produce import ProduceBatch, load_produce
+from .wire import Wire
 
 if TYPE_CHECKING:
     from . import Transport
@@ -62,7 +63,7 @@ class _Queue:
     """Messages handed to the producer and not yet written, for one lane (MAIN or
     PRIORITY, see .priority): each lane is written by its own flush loop, in order."""
 
-    __slots__ = ("pending", "wakeup", "written_cond", "enqueued", "written")
+    __slots__ = ("pending", "wakeup", "written_cond", "enqueued", "written", "wire")
 
     def __init__(self) -> None:
         self.pending: list[tuple] = []
@@ -70,6 +71,8 @@ class _Queue:
         self.written_cond = asyncio.Condition()
         self.enqueued = 0  # messages ever handed to send()
         self.written = 0  # of those, written (pending is written in order, front first)
+        #: this lane's own connection (.wire), or None: the client's pipelines
+        self.wire: Optional[Wire] = None
 
     async def wait_written(self, target: int) -> None:
         if self.written < target:
@@ -112,6 +115,10 @@ class Producer(base.Producer):
         # pipeline holding Script objects would ask SCRIPT EXISTS on every flush,
         # one more round trip each. NOSCRIPT (a restarted server) reloads it (.produce).
         await load_produce(client)
+        # each lane its own connection: a priority write never waits for the
+        # replies of a main write sent before it on the same socket
+        for q in (self._main, self._priority):
+            q.wire = Wire.for_client(client)
 
     def supports_headers(self) -> bool:
         return True
@@ -249,6 +256,9 @@ class Producer(base.Producer):
         for q in (self._priority, self._main):
             if q.pending:
                 await self._write_all(q)
+        for q in (self._priority, self._main):
+            if q.wire is not None:
+                await q.wire.aclose()
 
     @Service.task
     async def _flush_loop(self) -> None:
@@ -267,19 +277,19 @@ class Producer(base.Producer):
     async def _write_all(self, q: _Queue) -> None:
         while q.pending:
             batch, q.pending = q.pending[:MAX_BATCH], q.pending[MAX_BATCH:]
-            await self._write(batch)
+            await self._write(batch, q.wire)
             q.written += len(batch)
             async with q.written_cond:
                 q.written_cond.notify_all()
 
-    async def _write(self, batch: list[tuple]) -> None:
+    async def _write(self, batch: list[tuple], wire: Optional[Wire] = None) -> None:
         groups: dict[tuple[str, int], list[tuple]] = defaultdict(list)
         for item in batch:
             groups[(item[0], item[1])].append(item)
         delay = 0.05
         while groups:
             try:
-                groups = await self._write_groups(groups)
+                groups = await self._write_groups(groups, wire)
                 if not groups:
                     return
                 err: Any = "connection lost"
@@ -290,11 +300,11 @@ class Producer(base.Producer):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    async def _write_groups(self, groups: dict) -> dict:
+    async def _write_groups(self, groups: dict, wire: Optional[Wire] = None) -> dict:
         transport = self.transport
         keys = transport.keys
         client = await transport.client()
-        batch = ProduceBatch(client, keys)
+        batch = ProduceBatch(client, keys, wire)
         order = []
         for (topic, partition), items in groups.items():
             token = transport.fence_token(topic, partition)

@@ -1,0 +1,212 @@
+"""The producer's own connection (pipeline/transport/wire.py): the same results as
+redis-py's pipeline on a real server, and a lost, hung or garbled connection is a
+``ConnectionError`` or ``TimeoutError`` (what the producer retries), never a hang
+or a reply handed to the wrong call."""
+
+import asyncio
+
+import pytest
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from pipeline.transport.client import TRANSIENT_ERRORS, connect
+from pipeline.transport.keys import Keys
+from pipeline.transport.produce import ProduceBatch, load_produce
+from pipeline.transport.wire import Wire
+
+KEYS = Keys()
+ENTRIES = [("1.5", b"u1", b"v1", []), ("1.5", None, b"v2", [("h", b"x")]), ("1.5", b"u3", None, [])]
+
+
+async def _batch_results(client, wire):
+    batch = ProduceBatch(client, KEYS, wire)
+    batch.add("w.t", 0, "", ENTRIES)
+    batch.add("w.t", 1, "", ENTRIES[:1])
+    batch.add("w.fenced", 0, "token-of-nobody", ENTRIES[:1])
+    return await batch.run()
+
+
+async def test_the_same_results_and_entries_as_redis_pys_pipeline(redis_url, redis_sync):
+    client = await connect([redis_url])
+    wire = Wire.for_client(client)
+    try:
+        assert wire is not None
+        await load_produce(client)
+        via_redis_py = await _batch_results(client, None)
+        streams_py = {k: redis_sync.xrange(k) for k in (KEYS.stream("w.t", 0), KEYS.stream("w.t", 1))}
+        redis_sync.flushall()
+        await load_produce(client)
+        via_wire = await _batch_results(client, wire)
+        streams_wire = {k: redis_sync.xrange(k) for k in (KEYS.stream("w.t", 0), KEYS.stream("w.t", 1))}
+        assert via_wire[:2] == via_redis_py[:2] == [0, 0]
+        # an error reply is the same exception class with the same text, returned, not raised
+        assert type(via_wire[2]) is type(via_redis_py[2]) and str(via_wire[2]) == str(via_redis_py[2])
+        assert isinstance(via_wire[2], ResponseError) and str(via_wire[2]).startswith("FENCED")
+        strip = lambda s: {k: [(i, {f: v for f, v in fields.items() if f != b"t"}) for i, fields in e]
+                           for k, e in s.items()}
+        assert strip(streams_wire) == strip(streams_py)
+    finally:
+        await wire.aclose()
+        await client.aclose()
+
+
+async def test_noscript_is_redis_pys_class_and_the_batch_loads_the_script(redis_url, redis_sync):
+    client = await connect([redis_url])
+    wire = Wire.for_client(client)
+    try:
+        redis_sync.script_flush()
+        replies = await wire.execute([("EVALSHA", "0" * 40, 0)])
+        assert isinstance(replies[0], NoScriptError)
+        # ProduceBatch.run loads the script on NOSCRIPT and sends those calls again
+        assert (await _batch_results(client, wire))[:2] == [0, 0]
+    finally:
+        await wire.aclose()
+        await client.aclose()
+
+
+async def test_calls_in_flight_together_each_get_their_own_replies(redis_url):
+    client = await connect([redis_url])
+    wire = Wire.for_client(client)
+    try:
+        calls = [wire.execute([("SET", f"w:{i}", i), ("GET", f"w:{i}"), ("INCR", "w:n")]) for i in range(50)]
+        results = await asyncio.gather(*calls)
+        assert [r[1] for r in results] == [str(i).encode() for i in range(50)]
+        assert sorted(r[2] for r in results) == list(range(1, 51))
+    finally:
+        await wire.aclose()
+        await client.aclose()
+
+
+async def test_auth_and_db_of_the_url(fresh_server):
+    admin = redis.Redis.from_url(fresh_server.url)
+    admin.config_set("requirepass", "s3cret")
+    try:
+        url = fresh_server.url.replace("redis://", "redis://:s3cret@").rsplit("/", 1)[0] + "/3"
+        client = await connect([url])
+        wire = Wire.for_client(client)
+        try:
+            assert (wire.db, wire.password) == (3, "s3cret")
+            await wire.execute([("SET", "w:db", "x")])
+            assert await client.get("w:db") == b"x"  # db 3, as the client's
+            bad = Wire(wire.host, wire.port, password="wrong")
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                await bad.execute([("PING",)])
+        finally:
+            await wire.aclose()
+            await client.aclose()
+    finally:
+        redis.Redis.from_url(fresh_server.url, password="s3cret").config_set("requirepass", "")
+        admin.close()
+
+
+async def test_a_killed_connection_fails_the_call_in_flight_then_the_next_call_reconnects(fresh_server):
+    client = await connect([fresh_server.url])
+    wire = Wire.for_client(client)
+    admin = redis.Redis.from_url(fresh_server.url)
+    try:
+        assert await wire.execute([("PING",)]) == [b"PONG"]
+        in_flight = asyncio.ensure_future(wire.execute([("BLPOP", "w:nothing", 5)]))
+        await asyncio.sleep(0.1)
+        admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
+        with pytest.raises(RedisConnectionError) as err:
+            await in_flight
+        assert isinstance(err.value, TRANSIENT_ERRORS)
+        assert await wire.execute([("PING",)]) == [b"PONG"]
+        # killed while idle: noticed before the next call, which goes on a new connection
+        admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
+        await asyncio.sleep(0.05)
+        assert await wire.execute([("PING",)]) == [b"PONG"]
+    finally:
+        admin.close()
+        await wire.aclose()
+        await client.aclose()
+
+
+class _Server:
+    """A TCP server on 127.0.0.1 that answers as told: nothing (a hung server),
+    garbage, more replies than asked, or closes."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.server = None
+
+    async def __aenter__(self):
+        async def handle(reader, writer):
+            try:
+                while data := await reader.read(65536):
+                    reply = self.answer(data)
+                    if reply is None:
+                        continue
+                    if reply == b"CLOSE":
+                        writer.close()
+                        return
+                    writer.write(reply)
+            except ConnectionError:
+                pass
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+
+async def test_a_hung_server_is_a_timeout_and_later_replies_go_to_nobody():
+    async with _Server(lambda data: None) as port:
+        wire = Wire("127.0.0.1", port, timeout=0.2)
+        with pytest.raises(RedisTimeoutError):
+            await wire.execute([("PING",)])
+        assert isinstance(RedisTimeoutError("x"), TRANSIENT_ERRORS)
+        # the connection was closed: the next call is on a new one
+        first = wire._proto
+        with pytest.raises(RedisTimeoutError):
+            await wire.execute([("PING",)])
+        assert wire._proto is not first
+        await wire.aclose()
+
+
+@pytest.mark.parametrize("answer, error", [
+    (b"?not resp\r\n", "protocol error"),
+    (b"+PONG\r\n+PONG\r\n", "nobody asked"),
+    (b"CLOSE", "lost"),
+])
+async def test_garbage_extra_replies_and_a_close_fail_the_call(answer, error):
+    async with _Server(lambda data: answer) as port:
+        wire = Wire("127.0.0.1", port, timeout=2)
+        with pytest.raises(RedisConnectionError, match=error) if error != "nobody asked" else _extra(wire):
+            await wire.execute([("PING",)])
+        await wire.aclose()
+
+
+class _extra:
+    """One PING answered twice: the call got its reply, the connection is closed
+    (the second reply belongs to no call)."""
+
+    def __init__(self, wire):
+        self.wire = wire
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        assert exc[0] is None
+        assert isinstance(self.wire._proto.closed, RedisConnectionError)
+
+
+async def test_a_refused_connection_is_a_connection_error():
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    with pytest.raises(RedisConnectionError, match="cannot connect"):
+        await Wire("127.0.0.1", port).execute([("PING",)])
+
+
+async def test_cluster_tls_and_unix_sockets_keep_redis_pys_pipeline(redis_url):
+    from redis.asyncio import Redis
+
+    assert Wire.for_client(Redis.from_url(redis_url.replace("redis://", "rediss://"))) is None
+    assert Wire.for_client(Redis(unix_socket_path="/tmp/nowhere.sock")) is None
+    assert Wire.for_client(Redis.from_url(redis_url)) is not None
