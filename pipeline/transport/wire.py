@@ -24,6 +24,7 @@ socket keep redis-py's pipeline (:meth:`Wire.for_client` answers ``None``).
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import deque
 from typing import Any, Optional, Sequence
 
@@ -66,6 +67,10 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # as redis-py's connections: no Nagle delay, keepalive probes
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader

@@ -4,6 +4,7 @@ redis-py's pipeline on a real server, and a lost, hung or garbled connection is 
 or a reply handed to the wrong call."""
 
 import asyncio
+import socket
 
 import pytest
 import redis
@@ -70,6 +71,10 @@ async def test_calls_in_flight_together_each_get_their_own_replies(redis_url):
     client = await connect([redis_url])
     wire = Wire.for_client(client)
     try:
+        await wire.execute([("PING",)])
+        sock = wire._proto.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
         calls = [wire.execute([("SET", f"w:{i}", i), ("GET", f"w:{i}"), ("INCR", "w:n")]) for i in range(50)]
         results = await asyncio.gather(*calls)
         assert [r[1] for r in results] == [str(i).encode() for i in range(50)]
