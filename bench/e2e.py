@@ -705,6 +705,7 @@ def compare_loops(n_events: int, n_users: Optional[int]) -> None:
 
 
 def main() -> None:
+    global WORKERS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--users", type=int, default=None, help="default: max(1000, events)")
@@ -718,7 +719,6 @@ def main() -> None:
                          " hop between workers)")
     ap.add_argument("--worker-shim", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global WORKERS
     WORKERS = args.workers
     if args.worker_shim:
         return worker_shim(args.worker_shim)
