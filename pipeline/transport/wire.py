@@ -137,13 +137,16 @@ class Wire:
                    username=kw.get("username"), password=kw.get("password"),
                    timeout=kw.get("socket_timeout"), connect_timeout=kw.get("socket_connect_timeout"))
 
-    async def execute(self, commands: Sequence[Sequence[Any]]) -> list:
+    async def execute(self, commands: Sequence[Sequence[Any]], timeout: Optional[float] = None) -> list:
         """Send ``commands`` in one write; their replies, in order. An error reply is
         returned as its exception (redis-py's class), not raised. Raises
         ``ConnectionError`` when the connection is lost before every reply came
         (some of the commands may have run) and ``TimeoutError`` after ``timeout``
-        seconds without them (the connection is closed: its late replies would
-        belong to nobody)."""
+        seconds (the wire's own by default; a blocking read gives its block time
+        plus that) without them: the connection is closed, its late replies would
+        belong to nobody. A call cancelled before its replies came closes the
+        connection too, as redis-py does: the next call must not wait behind
+        them (an ``XREAD BLOCK`` holds its connection for the block time)."""
         proto = self._proto
         if proto is None or proto.closed is not None:
             proto = await self._connect()
@@ -153,15 +156,19 @@ class Wire:
         proto.calls.append(call)
         assert proto.transport is not None
         proto.transport.write(buf)
-        timer = loop.call_later(self.timeout, self._timed_out, proto, call)
+        timer = loop.call_later(timeout or self.timeout, self._timed_out, proto, call)
         try:
             return await call.future
+        except asyncio.CancelledError:
+            if len(call.replies) < call.expected:
+                proto.fail(RedisConnectionError("a call was cancelled before its replies came"))
+            raise
         finally:
             timer.cancel()
 
     def _timed_out(self, proto: _Protocol, call: _Call) -> None:
         if not call.future.done():
-            proto.fail(RedisTimeoutError(f"no reply from {self.host}:{self.port} in {self.timeout:g}s"))
+            proto.fail(RedisTimeoutError(f"no reply from {self.host}:{self.port} in time"))
 
     async def _connect(self) -> _Protocol:
         # concurrent callers share one attempt
