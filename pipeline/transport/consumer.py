@@ -28,7 +28,6 @@ from .priority import MAIN, PRIORITY, priority_topics
 from .retention import READER_TTL_S, Horizons, trim_horizon, trim_partition
 from .committed import read as read_committed
 from .scripts import COMMIT_PART, SET_COMMIT_FENCE, SET_FENCE
-from .wire import Wire
 from .hooks import hooks_of
 
 if TYPE_CHECKING:
@@ -160,25 +159,13 @@ class Consumer(FastDrain, base.Consumer):
         keep_buffers_on_resume(self.app.flow_control)
         self._max_records = self.app.conf.broker_max_poll_records or 1000
         self._priority_topics = priority_topics(self.app)
-        self._wires: dict[str, Optional[Wire]] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
     async def on_start(self) -> None:
         client = await self.transport.client()
         self._register_scripts(client)
-        self._open_wires(client)
         await self._tick_leases()
-
-    def _open_wires(self, client: Any) -> None:
-        """Each lane's reads on a connection of its own (.wire; None: redis-py's, as on
-        a cluster): a blocked XREAD of one lane never holds the other's."""
-        self._wires = {lane: Wire.for_client(client) for lane in (MAIN, PRIORITY)}
-
-    async def _close_wires(self) -> None:
-        for wire in self._wires.values():
-            if wire is not None:
-                await wire.aclose()
 
     def _register_scripts(self, client: Any) -> None:
         self._commit_script = client.register_script(COMMIT_PART)
@@ -188,7 +175,6 @@ class Consumer(FastDrain, base.Consumer):
     async def on_stop(self) -> None:
         self._cancel_reads()
         await super().on_stop()
-        await self._close_wires()
         try:
             await self.leases.release_all(await self.transport.client())
         except TRANSIENT_ERRORS as exc:  # pragma: no cover - best effort
@@ -748,14 +734,9 @@ class Consumer(FastDrain, base.Consumer):
                 resp = await self._xread_cluster(client, streams, min(timeout, 0.02) if paused else timeout, lane)
             else:
                 block = () if paused else ("BLOCK", max(1, int(timeout * 1000)))
-                cmd = ("XREAD", "COUNT", self._max_records, *block, "STREAMS", *streams, *streams.values())
-                wire = self._wires.get(lane)
-                if wire is None:
-                    resp = await client.execute_command(*cmd)
-                else:
-                    resp = (await wire.execute([cmd], timeout=(0 if paused else timeout) + wire.timeout))[0]
-                    if isinstance(resp, Exception):
-                        raise resp
+                resp = await client.execute_command(
+                    "XREAD", "COUNT", self._max_records, *block, "STREAMS", *streams, *streams.values(),
+                )
                 if paused and not resp:
                     await self._wait_resumed(PAUSED_POLL_S)
         except TRANSIENT_ERRORS as exc:

@@ -73,14 +73,11 @@ class ElasticConsumer(Consumer):
     # -- lifecycle ---------------------------------------------------------
 
     async def on_start(self) -> None:
-        client = await self.transport.client()
-        self._register_scripts(client)
-        self._open_wires(client)
+        self._register_scripts(await self.transport.client())
 
     async def on_stop(self) -> None:
         self._cancel_reads()
         await super(Consumer, self).on_stop()  # Faust's: final commit
-        await self._close_wires()
         try:
             await self.membership.leave(await self.transport.client())
         except Exception as exc:  # pragma: no cover - best effort
@@ -132,7 +129,7 @@ class ElasticConsumer(Consumer):
             if res:
                 self._settling = False
             return res
-        read.cancel()  # its connection is dropped (redis-py's or the wire): one reconnect per rebalance
+        read.cancel()  # redis-py drops that connection: one reconnect per rebalance
         try:
             await read
         except BaseException:

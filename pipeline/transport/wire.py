@@ -1,10 +1,11 @@
-"""A connection of our own to one Redis server, for the producer's writes.
+"""A connection of our own to one Redis server, for the producer's writes
+(docs/adr/0005).
 
 A producer flush is one pipeline of ``EVALSHA PRODUCE`` calls (:mod:`.produce`),
-about 0.8 per notification on each worker. Through redis-py a pipeline costs
+about 0.4 per notification on each worker. Through redis-py a pipeline costs
 ~165 µs of client CPU on this machine (its pipeline object, the pool's checks, a
 task made by ``wait_for`` around every write, a timeout context per reply); the
-same bytes written and read here cost ~70 µs (bench: docs/adr/0005). What is
+same bytes written and read here cost ~61 µs (bench/wire.py, sequential calls). What is
 ours: the commands of a call are packed by hiredis and written at once, the
 replies are read by hiredis in the order they come and handed to the caller of
 that call; several calls may be in flight on one connection (replies come in
@@ -137,16 +138,15 @@ class Wire:
                    username=kw.get("username"), password=kw.get("password"),
                    timeout=kw.get("socket_timeout"), connect_timeout=kw.get("socket_connect_timeout"))
 
-    async def execute(self, commands: Sequence[Sequence[Any]], timeout: Optional[float] = None) -> list:
+    async def execute(self, commands: Sequence[Sequence[Any]]) -> list:
         """Send ``commands`` in one write; their replies, in order. An error reply is
         returned as its exception (redis-py's class), not raised. Raises
         ``ConnectionError`` when the connection is lost before every reply came
         (some of the commands may have run) and ``TimeoutError`` after ``timeout``
-        seconds (the wire's own by default; a blocking read gives its block time
-        plus that) without them: the connection is closed, its late replies would
+        seconds without them: the connection is closed, its late replies would
         belong to nobody. A call cancelled before its replies came closes the
         connection too, as redis-py does: the next call must not wait behind
-        them (an ``XREAD BLOCK`` holds its connection for the block time)."""
+        them."""
         proto = self._proto
         if proto is None or proto.closed is not None:
             proto = await self._connect()
@@ -156,7 +156,7 @@ class Wire:
         proto.calls.append(call)
         assert proto.transport is not None
         proto.transport.write(buf)
-        timer = loop.call_later(timeout or self.timeout, self._timed_out, proto, call)
+        timer = loop.call_later(self.timeout, self._timed_out, proto, call)
         try:
             return await call.future
         except asyncio.CancelledError:
