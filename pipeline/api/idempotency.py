@@ -25,6 +25,7 @@ from typing import Any, Optional
 import orjson
 
 from pipeline.models import Event
+from pipeline.transport.wire import run_commands
 
 __all__ = ["Idempotency", "Claim", "fingerprint", "CLAIM_TTL", "DEFAULT_IDEMPOTENCY_TTL"]
 
@@ -53,12 +54,25 @@ def fingerprint(event: Event) -> str:
     return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def _raised(answers: list) -> list:
+    """The answers, or the first error among them raised (as a redis-py pipeline's
+    ``execute()`` does)."""
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
+    return answers
+
+
 class Idempotency:
     """Claims, confirms and releases the records; ``api`` is the shared state
     (:class:`.state.Api`: its client, namespace and idempotency TTL)."""
 
     def __init__(self, api: Any) -> None:
         self.api = api
+
+    async def _run(self, commands: list[tuple]) -> list:
+        """One round trip, on the API's own connection when it has one."""
+        return await run_commands(self.api.client, getattr(self.api, "wire", None), commands)
 
     def key(self, biz_key: str, producer: str = "") -> str:
         """A business key's idempotency record, in its producer's key space
@@ -69,16 +83,15 @@ class Idempotency:
     async def claim(self, claims: dict[int, Claim]) -> tuple[list[int], dict[int, Optional[dict[str, Any]]]]:
         """``SET NX`` every claim (one round trip): the indexes taken, and the
         records found instead for the others (None if unreadable or gone)."""
-        pipe = self.api.client.pipeline(transaction=False)
+        commands: list[tuple] = []
         for key, value, _rec in claims.values():
-            pipe.set(key, value, nx=True, ex=CLAIM_TTL)
-            pipe.get(key)
-        answers = await pipe.execute()
+            commands += [("SET", key, value, "NX", "EX", CLAIM_TTL), ("GET", key)]
+        answers = _raised(await self._run(commands))
         ours: list[int] = []
         existing: dict[int, Optional[dict[str, Any]]] = {}
         for n, i in enumerate(claims):
             took, current = answers[2 * n], answers[2 * n + 1]
-            if took:
+            if took in (True, b"OK"):  # redis-py's pipeline answers True, the wire the reply
                 ours.append(i)
             else:
                 try:
@@ -90,10 +103,8 @@ class Idempotency:
     async def confirm(self, claims: list[Claim]) -> None:
         """The events are written: the claims become records for the idempotency TTL."""
         try:
-            pipe = self.api.client.pipeline(transaction=False)
-            for key, _v, rec in claims:
-                pipe.set(key, orjson.dumps({**rec, "st": "ok"}), ex=self.api.idempotency_ttl)
-            await pipe.execute()
+            _raised(await self._run([("SET", key, orjson.dumps({**rec, "st": "ok"}), "EX", self.api.idempotency_ttl)
+                                     for key, _v, rec in claims]))
         except Exception:  # noqa: BLE001 - the claims expire; a later repeat may write again
             log.warning("accepted %d events but could not confirm their idempotency records; a repeat "
                         "within %ds answers in_progress, later ones are written again (the pipeline "
@@ -102,9 +113,6 @@ class Idempotency:
     async def release(self, claims: list[Claim]) -> None:
         """The write failed: give the claims up (each only if still ours)."""
         try:
-            pipe = self.api.client.pipeline(transaction=False)
-            for key, value, _rec in claims:
-                pipe.eval(_RELEASE, 1, key, value)
-            await pipe.execute()
+            _raised(await self._run([("EVAL", _RELEASE, 1, key, value) for key, value, _rec in claims]))
         except Exception:  # noqa: BLE001 - the claims expire after CLAIM_TTL anyway
             log.warning("could not release %d idempotency claims", len(claims), exc_info=True)

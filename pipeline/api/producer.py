@@ -25,6 +25,7 @@ from pipeline.transport.client import TRANSIENT_ERRORS
 from pipeline.transport.keys import Keys
 from pipeline.transport.produce import ProduceBatch, script_missing
 from pipeline.transport.scripts import DECLARE
+from pipeline.transport.wire import Wire
 
 __all__ = ["TopicWriter", "Message", "ProduceError"]
 
@@ -37,9 +38,11 @@ class ProduceError(RuntimeError):
 
 
 class TopicWriter:
-    def __init__(self, client: Any, keys: Keys, partitions: int) -> None:
+    def __init__(self, client: Any, keys: Keys, partitions: int, wire: Optional[Wire] = None) -> None:
         self.client = client
         self.keys = keys
+        #: the writes' connection (pipeline/transport/wire.py), or None: the client's pipelines
+        self.wire = wire
         self.default_partitions = partitions
         self._partitioner = DefaultPartitioner()
         self._counts: dict[str, int] = {}
@@ -70,7 +73,7 @@ class TopicWriter:
             n = self._counts.get(topic) or await self.partitions(topic)
             groups[(topic, self.partition_for(key, n))].append(i)
         ts = repr(time.time())
-        batch = ProduceBatch(self.client, self.keys)
+        batch = ProduceBatch(self.client, self.keys, self.wire)
         for (topic, partition), idx in groups.items():
             # '' as the token: these topics are not changelogs
             batch.add(topic, partition, "", [(ts, msgs[i][1], msgs[i][2], msgs[i][3]) for i in idx])

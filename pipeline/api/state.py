@@ -15,6 +15,7 @@ from typing import Any, Optional
 from pipeline.store import RecordStore
 from pipeline.transport.client import connect, parse_url
 from pipeline.transport.keys import Keys
+from pipeline.transport.wire import Wire
 
 from . import metrics_lag as M
 from .auth import KeyStore
@@ -102,6 +103,9 @@ class Api:
         self.rkeys = Keys(prefix)
         self.ns = prefix
         self.client: Any = None
+        #: the writes of every request on one connection of our own (pipeline/transport/wire.py),
+        #: pipelined; None on a cluster, TLS or a Unix socket (the client's pipelines)
+        self.wire: Optional[Wire] = None
         self.writer: Optional[TopicWriter] = None
         self.store: Optional[RecordStore] = None
         self.sampler: Optional[M.LagSampler] = None
@@ -114,7 +118,8 @@ class Api:
         # a bounded pool: under a burst of producers a request waits for a connection
         # (up to 5 s, then 429 over_capacity) instead of opening one of its own
         self.client = await connect([self.broker_url], pool_size=BROKER_POOL, pool_timeout=5.0)
-        self.writer = TopicWriter(self.client, self.rkeys, self.settings.partitions)
+        self.wire = Wire.for_client(self.client)
+        self.writer = TopicWriter(self.client, self.rkeys, self.settings.partitions, wire=self.wire)
         Path(os.path.abspath(self.store_path)).parent.mkdir(parents=True, exist_ok=True)
         self.store = await RecordStore(self.store_path).open()
         self.sampler = M.LagSampler(self.client, self.rkeys, self.settings.partitions)
@@ -124,6 +129,8 @@ class Api:
         await self.scheduled.close()
         if self.store is not None:
             await self.store.close()
+        if self.wire is not None:
+            await self.wire.aclose()
         if self.client is not None:
             await self.client.aclose()
 

@@ -22,7 +22,7 @@ from redis.exceptions import NoScriptError
 
 from .keys import Keys
 from .scripts import PRODUCE
-from .wire import Wire
+from .wire import Wire, run_commands
 
 __all__ = ["PRODUCE_SHA", "Entry", "ProduceBatch", "load_produce", "produce_args", "script_missing"]
 
@@ -89,12 +89,6 @@ class ProduceBatch:
         return results
 
     async def _execute(self, which: Any) -> list[Any]:
-        if self.wire is not None:
-            calls = self._calls
-            return await self.wire.execute(
-                [("EVALSHA", PRODUCE_SHA, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in which])
-        pipe = self.client.pipeline(transaction=False)
-        for i in which:
-            skeys, args = self._calls[i]
-            pipe.execute_command("EVALSHA", PRODUCE_SHA, len(skeys), *skeys, *args)
-        return list(await pipe.execute(raise_on_error=False))
+        calls = self._calls
+        return await run_commands(self.client, self.wire, [
+            ("EVALSHA", PRODUCE_SHA, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in which])

@@ -38,7 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import is_cluster
 
-__all__ = ["Wire"]
+__all__ = ["Wire", "run_commands"]
 
 #: seconds a call waits for its replies when the client sets no socket timeout
 DEFAULT_TIMEOUT = 5.0
@@ -211,3 +211,16 @@ def _not_tcp() -> list[type]:
     from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 
     return [SSLConnection, UnixDomainSocketConnection]
+
+
+async def run_commands(client: Any, wire: Optional[Wire], commands: Sequence[Sequence[Any]]) -> list:
+    """``commands`` in one round trip: on ``wire`` when there is one, else as one
+    non-transactional redis-py pipeline of ``client``. Each reply in order, an
+    error reply as its exception, returned (``raise_on_error=False``). Replies on
+    the wire are raw (``SET`` answers ``b"OK"``, not redis-py's ``True``)."""
+    if wire is not None:
+        return await wire.execute(commands)
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute(raise_on_error=False))

@@ -233,3 +233,25 @@ async def test_a_cancelled_blocking_call_closes_its_connection_so_the_next_call_
     finally:
         await wire.aclose()
         await client.aclose()
+
+
+async def test_the_api_idempotency_answers_the_same_on_the_wire_and_on_redis_py(redis_url):
+    from types import SimpleNamespace
+
+    from pipeline.api.idempotency import Idempotency
+
+    client = await connect([redis_url])
+    wire = Wire.for_client(client)
+    try:
+        for name, w in (("py", None), ("wire", wire)):
+            idem = Idempotency(SimpleNamespace(client=client, wire=w, ns=f"w{name}", idempotency_ttl=60))
+            claim = (idem.key("b1", "shop"), b'{"fp":"x"}', {"fp": "x"})
+            assert await idem.claim({0: claim}) == ([0], {})
+            assert await idem.claim({1: claim}) == ([], {1: {"fp": "x"}})  # a repeat finds the claim
+            await idem.confirm([claim])
+            assert await idem.claim({2: claim}) == ([], {2: {"fp": "x", "st": "ok"}})
+            await idem.release([claim])  # no longer ours (confirmed): kept
+            assert await client.get(claim[0]) is not None
+    finally:
+        await wire.aclose()
+        await client.aclose()
