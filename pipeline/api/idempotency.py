@@ -54,15 +54,6 @@ def fingerprint(event: Event) -> str:
     return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _raised(answers: list) -> list:
-    """The answers, or the first error among them raised (as a redis-py pipeline's
-    ``execute()`` does)."""
-    for answer in answers:
-        if isinstance(answer, Exception):
-            raise answer
-    return answers
-
-
 class Idempotency:
     """Claims, confirms and releases the records; ``api`` is the shared state
     (:class:`.state.Api`: its client, namespace and idempotency TTL)."""
@@ -71,8 +62,9 @@ class Idempotency:
         self.api = api
 
     async def _run(self, commands: list[tuple]) -> list:
-        """One round trip, on the API's own connection when it has one."""
-        return await run_commands(self.api.client, getattr(self.api, "wire", None), commands)
+        """One round trip, on the API's own connection when it has one; the first
+        error reply raised."""
+        return await run_commands(self.api.client, self.api.wire, commands)
 
     def key(self, biz_key: str, producer: str = "") -> str:
         """A business key's idempotency record, in its producer's key space
@@ -86,7 +78,7 @@ class Idempotency:
         commands: list[tuple] = []
         for key, value, _rec in claims.values():
             commands += [("SET", key, value, "NX", "EX", CLAIM_TTL), ("GET", key)]
-        answers = _raised(await self._run(commands))
+        answers = await self._run(commands)
         ours: list[int] = []
         existing: dict[int, Optional[dict[str, Any]]] = {}
         for n, i in enumerate(claims):
@@ -103,8 +95,8 @@ class Idempotency:
     async def confirm(self, claims: list[Claim]) -> None:
         """The events are written: the claims become records for the idempotency TTL."""
         try:
-            _raised(await self._run([("SET", key, orjson.dumps({**rec, "st": "ok"}), "EX", self.api.idempotency_ttl)
-                                     for key, _v, rec in claims]))
+            await self._run([("SET", key, orjson.dumps({**rec, "st": "ok"}), "EX", self.api.idempotency_ttl)
+                             for key, _v, rec in claims])
         except Exception:  # noqa: BLE001 - the claims expire; a later repeat may write again
             log.warning("accepted %d events but could not confirm their idempotency records; a repeat "
                         "within %ds answers in_progress, later ones are written again (the pipeline "
@@ -113,6 +105,6 @@ class Idempotency:
     async def release(self, claims: list[Claim]) -> None:
         """The write failed: give the claims up (each only if still ours)."""
         try:
-            _raised(await self._run([("EVAL", _RELEASE, 1, key, value) for key, value, _rec in claims]))
+            await self._run([("EVAL", _RELEASE, 1, key, value) for key, value, _rec in claims])
         except Exception:  # noqa: BLE001 - the claims expire after CLAIM_TTL anyway
             log.warning("could not release %d idempotency claims", len(claims), exc_info=True)

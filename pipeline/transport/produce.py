@@ -91,4 +91,5 @@ class ProduceBatch:
     async def _execute(self, which: Any) -> list[Any]:
         calls = self._calls
         return await run_commands(self.client, self.wire, [
-            ("EVALSHA", PRODUCE_SHA, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in which])
+            ("EVALSHA", PRODUCE_SHA, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in which],
+            raise_on_error=False)

@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence
 
 import hiredis
 from redis._parsers.base import BaseParser
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -131,7 +131,7 @@ class Wire:
             return None
         pool = client.connection_pool
         if not issubclass(pool.connection_class, Connection) or issubclass(
-                pool.connection_class, tuple(_not_tcp())):
+                pool.connection_class, (SSLConnection, UnixDomainSocketConnection)):
             return None
         kw = pool.connection_kwargs
         return cls(kw.get("host", "localhost"), int(kw.get("port", 6379)), db=kw.get("db", 0),
@@ -207,20 +207,21 @@ class Wire:
             proto.fail(RedisConnectionError("closed by the client"))
 
 
-def _not_tcp() -> list[type]:
-    from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
-
-    return [SSLConnection, UnixDomainSocketConnection]
-
-
-async def run_commands(client: Any, wire: Optional[Wire], commands: Sequence[Sequence[Any]]) -> list:
+async def run_commands(client: Any, wire: Optional[Wire], commands: Sequence[Sequence[Any]],
+                       raise_on_error: bool = True) -> list:
     """``commands`` in one round trip: on ``wire`` when there is one, else as one
-    non-transactional redis-py pipeline of ``client``. Each reply in order, an
-    error reply as its exception, returned (``raise_on_error=False``). Replies on
-    the wire are raw (``SET`` answers ``b"OK"``, not redis-py's ``True``)."""
-    if wire is not None:
-        return await wire.execute(commands)
-    pipe = client.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)
-    return list(await pipe.execute(raise_on_error=False))
+    non-transactional redis-py pipeline of ``client``. Each reply in order; an
+    error reply raised (the first one), or with ``raise_on_error=False`` returned
+    as its exception, as redis-py's ``pipeline.execute`` does either way. Replies
+    on the wire are raw (``SET`` answers ``b"OK"``, not redis-py's ``True``)."""
+    if wire is None:
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=raise_on_error))
+    replies = await wire.execute(commands)
+    if raise_on_error:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+    return replies
