@@ -261,5 +261,6 @@ def main() -> None:
                    + (f" --providers {args.providers}" if args.providers != "simulators,fake" else ""))
         write_section(args.section, command, body)
 
+
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ worker pays less of those. Writes the "wire" section of bench/RESULTS.md.
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -67,15 +68,14 @@ def main() -> None:
                     print(name, f"{rows[name][-1][0]:.1f} µs CPU", flush=True)
         finally:
             server.stop()
-    base = sorted(c for c, _w in rows["redis-py pipeline (baseline)"])[len(rows["redis-py pipeline (baseline)"]) // 2]
+    base = statistics.median_high(c for c, _w in rows["redis-py pipeline (baseline)"])
     lines = ["| path | client CPU µs per flush (rounds) | median | wall µs per flush (median) | ratio to baseline |",
              "|---|---|---:|---:|---:|"]
     for name, vals in rows.items():
-        cpu = sorted(c for c, _w in vals)
-        wall = sorted(w for _c, w in vals)
-        med = cpu[len(cpu) // 2]
+        med = statistics.median_high(c for c, _w in vals)
+        wall = statistics.median_high(w for _c, w in vals)
         lines.append(f"| {name} | {', '.join(f'{c:.0f}' for c, _w in vals)} | {med:.0f} | "
-                     f"{wall[len(wall) // 2]:.0f} | {med / base:.2f} |")
+                     f"{wall:.0f} | {med / base:.2f} |")
     lines += ["", f"A flush: two PRODUCE calls (2 + 1 entries of {args.value_bytes} bytes), {args.flushes} in a row "
               "per round, rounds alternating. uvloop, the embedded server (AOF everysec)."]
     body = "\n".join(lines)

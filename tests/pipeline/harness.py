@@ -69,6 +69,14 @@ class Pipeline:
     def log(self, name: str = "worker") -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
+    def settled(self, name: str = "worker") -> bool:
+        """The worker is ready after its start's last recovery: it reports ready once,
+        takes its slots, recovers again and seeks to the committed offsets, and
+        what it read before that seek it reads again after it (a replay)."""
+        log = self.log(name)
+        seek = log.rfind("Seek stream partitions to committed offsets")
+        return seek >= 0 and "Worker ready" in log[seek:]
+
     # -- feeding ------------------------------------------------------------
 
     def send(self, topic: str, items: Iterable[tuple[Optional[bytes], bytes]], **kw: Any) -> None:

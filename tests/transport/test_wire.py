@@ -4,6 +4,7 @@ redis-py's pipeline on a real server, and a lost, hung or garbled connection is 
 or a reply handed to the wrong call."""
 
 import asyncio
+import contextlib
 import socket
 
 import pytest
@@ -15,10 +16,22 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from pipeline.transport.client import TRANSIENT_ERRORS, connect
 from pipeline.transport.keys import Keys
 from pipeline.transport.produce import ProduceBatch, load_produce
-from pipeline.transport.wire import Wire
+from pipeline.transport.wire import Wire, run_commands
 
 KEYS = Keys()
 ENTRIES = [("1.5", b"u1", b"v1", []), ("1.5", None, b"v2", [("h", b"x")]), ("1.5", b"u3", None, [])]
+
+
+@contextlib.asynccontextmanager
+async def _client_and_wire(url):
+    """A transport client of ``url`` and the wire to its server, both closed after."""
+    client = await connect([url])
+    wire = Wire.for_client(client)
+    try:
+        yield client, wire
+    finally:
+        await wire.aclose()
+        await client.aclose()
 
 
 async def _batch_results(client, wire):
@@ -30,9 +43,7 @@ async def _batch_results(client, wire):
 
 
 async def test_the_same_results_and_entries_as_redis_pys_pipeline(redis_url, redis_sync):
-    client = await connect([redis_url])
-    wire = Wire.for_client(client)
-    try:
+    async with _client_and_wire(redis_url) as (client, wire):
         assert wire is not None
         await load_produce(client)
         via_redis_py = await _batch_results(client, None)
@@ -48,29 +59,19 @@ async def test_the_same_results_and_entries_as_redis_pys_pipeline(redis_url, red
         strip = lambda s: {k: [(i, {f: v for f, v in fields.items() if f != b"t"}) for i, fields in e]
                            for k, e in s.items()}
         assert strip(streams_wire) == strip(streams_py)
-    finally:
-        await wire.aclose()
-        await client.aclose()
 
 
 async def test_noscript_is_redis_pys_class_and_the_batch_loads_the_script(redis_url, redis_sync):
-    client = await connect([redis_url])
-    wire = Wire.for_client(client)
-    try:
+    async with _client_and_wire(redis_url) as (client, wire):
         redis_sync.script_flush()
         replies = await wire.execute([("EVALSHA", "0" * 40, 0)])
         assert isinstance(replies[0], NoScriptError)
         # ProduceBatch.run loads the script on NOSCRIPT and sends those calls again
         assert (await _batch_results(client, wire))[:2] == [0, 0]
-    finally:
-        await wire.aclose()
-        await client.aclose()
 
 
 async def test_calls_in_flight_together_each_get_their_own_replies(redis_url):
-    client = await connect([redis_url])
-    wire = Wire.for_client(client)
-    try:
+    async with _client_and_wire(redis_url) as (client, wire):
         await wire.execute([("PING",)])
         sock = wire._proto.transport.get_extra_info("socket")
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
@@ -79,9 +80,6 @@ async def test_calls_in_flight_together_each_get_their_own_replies(redis_url):
         results = await asyncio.gather(*calls)
         assert [r[1] for r in results] == [str(i).encode() for i in range(50)]
         assert sorted(r[2] for r in results) == list(range(1, 51))
-    finally:
-        await wire.aclose()
-        await client.aclose()
 
 
 async def test_auth_and_db_of_the_url(fresh_server):
@@ -89,44 +87,36 @@ async def test_auth_and_db_of_the_url(fresh_server):
     admin.config_set("requirepass", "s3cret")
     try:
         url = fresh_server.url.replace("redis://", "redis://:s3cret@").rsplit("/", 1)[0] + "/3"
-        client = await connect([url])
-        wire = Wire.for_client(client)
-        try:
+        async with _client_and_wire(url) as (client, wire):
             assert (wire.db, wire.password) == (3, "s3cret")
             await wire.execute([("SET", "w:db", "x")])
             assert await client.get("w:db") == b"x"  # db 3, as the client's
             bad = Wire(wire.host, wire.port, password="wrong")
             with pytest.raises(redis.exceptions.AuthenticationError):
                 await bad.execute([("PING",)])
-        finally:
-            await wire.aclose()
-            await client.aclose()
     finally:
         redis.Redis.from_url(fresh_server.url, password="s3cret").config_set("requirepass", "")
         admin.close()
 
 
 async def test_a_killed_connection_fails_the_call_in_flight_then_the_next_call_reconnects(fresh_server):
-    client = await connect([fresh_server.url])
-    wire = Wire.for_client(client)
     admin = redis.Redis.from_url(fresh_server.url)
     try:
-        assert await wire.execute([("PING",)]) == [b"PONG"]
-        in_flight = asyncio.ensure_future(wire.execute([("BLPOP", "w:nothing", 5)]))
-        await asyncio.sleep(0.1)
-        admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
-        with pytest.raises(RedisConnectionError) as err:
-            await in_flight
-        assert isinstance(err.value, TRANSIENT_ERRORS)
-        assert await wire.execute([("PING",)]) == [b"PONG"]
-        # killed while idle: noticed before the next call, which goes on a new connection
-        admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
-        await asyncio.sleep(0.05)
-        assert await wire.execute([("PING",)]) == [b"PONG"]
+        async with _client_and_wire(fresh_server.url) as (client, wire):
+            assert await wire.execute([("PING",)]) == [b"PONG"]
+            in_flight = asyncio.ensure_future(wire.execute([("BLPOP", "w:nothing", 5)]))
+            await asyncio.sleep(0.1)
+            admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
+            with pytest.raises(RedisConnectionError) as err:
+                await in_flight
+            assert isinstance(err.value, TRANSIENT_ERRORS)
+            assert await wire.execute([("PING",)]) == [b"PONG"]
+            # killed while idle: noticed before the next call, which goes on a new connection
+            admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
+            await asyncio.sleep(0.05)
+            assert await wire.execute([("PING",)]) == [b"PONG"]
     finally:
         admin.close()
-        await wire.aclose()
-        await client.aclose()
 
 
 class _Server:
@@ -218,9 +208,7 @@ async def test_cluster_tls_and_unix_sockets_keep_redis_pys_pipeline(redis_url):
 
 
 async def test_a_cancelled_blocking_call_closes_its_connection_so_the_next_call_does_not_wait(redis_url):
-    client = await connect([redis_url])
-    wire = Wire.for_client(client)
-    try:
+    async with _client_and_wire(redis_url) as (client, wire):
         blocked = asyncio.ensure_future(wire.execute([("XREAD", "BLOCK", 3000, "STREAMS", "w:s", "0-0")]))
         await asyncio.sleep(0.1)
         first = wire._proto
@@ -230,9 +218,6 @@ async def test_a_cancelled_blocking_call_closes_its_connection_so_the_next_call_
         async with asyncio.timeout(1):  # not behind the 3 s block
             assert await wire.execute([("PING",)]) == [b"PONG"]
         assert wire._proto is not first
-    finally:
-        await wire.aclose()
-        await client.aclose()
 
 
 async def test_the_api_idempotency_answers_the_same_on_the_wire_and_on_redis_py(redis_url):
@@ -240,9 +225,7 @@ async def test_the_api_idempotency_answers_the_same_on_the_wire_and_on_redis_py(
 
     from pipeline.api.idempotency import Idempotency
 
-    client = await connect([redis_url])
-    wire = Wire.for_client(client)
-    try:
+    async with _client_and_wire(redis_url) as (client, wire):
         for name, w in (("py", None), ("wire", wire)):
             idem = Idempotency(SimpleNamespace(client=client, wire=w, ns=f"w{name}", idempotency_ttl=60))
             claim = (idem.key("b1", "shop"), b'{"fp":"x"}', {"fp": "x"})
@@ -252,6 +235,13 @@ async def test_the_api_idempotency_answers_the_same_on_the_wire_and_on_redis_py(
             assert await idem.claim({2: claim}) == ([], {2: {"fp": "x", "st": "ok"}})
             await idem.release([claim])  # no longer ours (confirmed): kept
             assert await client.get(claim[0]) is not None
-    finally:
-        await wire.aclose()
-        await client.aclose()
+
+
+async def test_run_commands_raises_the_first_error_or_returns_it_on_both_paths(redis_url):
+    async with _client_and_wire(redis_url) as (client, wire):
+        commands = [("SET", "w:k", "v"), ("INCR", "w:k"), ("GET", "w:k")]
+        for w in (None, wire):
+            with pytest.raises(ResponseError, match="not an integer"):
+                await run_commands(client, w, commands)
+            ok, err, value = await run_commands(client, w, commands, raise_on_error=False)
+            assert ok in (True, b"OK") and isinstance(err, ResponseError) and value == b"v"
