@@ -119,6 +119,10 @@ class Lag:
         return {t: (a, b) for t, (a, b) in out.items()}
 
 
+#: seconds between the lines of bench/out/e2e-trace.txt
+TRACE_S = float(os.environ.get("E2E_TRACE_S", 2))
+
+
 class RecordWatch:
     """Watches the record store without scanning it: ``PRAGMA data_version`` on one
     persistent read-only connection changes whenever another connection commits."""
@@ -621,11 +625,12 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
                     raise RuntimeError(f"not done after {timeout:.0f}s: lag {hw - cm}, records {watch.counts()}")
                 if mono >= next_trace:
                     per = lag.per_topic()
+                    n, pending = watch.counts()
                     trace.write(f"{now - t_start:6.1f}  " + " ".join(f"{cpu_now[k]:.1f}" for k in pids)
-                                + f" machine {cpu_now['_machine'] - cpu_start['_machine']:.1f}  "
+                                + f" machine {cpu_now['_machine'] - cpu_start['_machine']:.1f}  records {n} ({pending} pending)  "
                                 + " ".join(f"{t}={a}/{b}" for t, (a, b) in per.items() if a) + "\n")
                     trace.flush()
-                    next_trace += 2
+                    next_trace += TRACE_S
                 if mono >= next_log:
                     n, pending = watch.counts()
                     log(f"e2e: {n} records ({pending} pending), lag {hw - cm}, {now - t_start:.0f}s")
