@@ -29,12 +29,11 @@ worker CPU per notification, within this machine's run-to-run noise.
 """
 
 import gc
-import sys
 from typing import Any
 
 from faust.sensors.base import SensorDelegate
 
-__all__ = ["LeanSensors", "direct_init", "lean_sensors", "tune_gc", "tune_switch_interval", "use_fast_loop"]
+__all__ = ["LeanSensors", "direct_init", "lean_sensors", "tune_gc", "use_fast_loop"]
 
 
 class LeanSensors(SensorDelegate):
@@ -73,22 +72,6 @@ GC_THRESHOLD = (100_000, 50, 1000)
 def tune_gc() -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
-
-
-#: how long a thread keeps the GIL while another waits for it (CPython's default: 5 ms)
-SWITCH_INTERVAL_S = 0.001
-
-
-def tune_switch_interval() -> None:
-    """A thread waiting for the GIL gets it after 1 ms of the running thread, not 5.
-
-    The record store's writer thread (pipeline/store/store.py) takes the GIL back
-    after each SQLite step, and beside the busy loop thread each take waited for
-    the whole interval, with the database's write turn held (docs/adr/0006). In
-    ``bench/e2e.py --diagnose`` (two runs each, alternating): the longest commit
-    1.0-1.9 s against 1.9-5.1 s, 17-19 commits against 7-12, worker CPU per
-    notification the same within noise (273-292 µs against 278-284)."""
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def use_fast_loop(loop: str = "uvloop") -> str:

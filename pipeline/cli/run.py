@@ -178,7 +178,7 @@ def cmd_worker(args) -> int:
         start_http_server(env.metrics_port, addr="127.0.0.1")
     import faust
 
-    from pipeline.lean import tune_gc, tune_switch_interval, use_fast_loop
+    from pipeline.lean import tune_gc, use_fast_loop
 
     use_fast_loop(env.loop)  # before anything creates the loop
     from agents import register_agents
@@ -190,7 +190,6 @@ def cmd_worker(args) -> int:
     # a main worker yields the core to the priority worker (pipeline/roles.py)
     roles.lower_priority(role, env.main_nice, env.main_sched)
     tune_gc()
-    tune_switch_interval()  # the record store's writer thread gets the GIL sooner (docs/adr/0006)
     worker = faust.Worker(app, loglevel=args.loglevel, quiet=True)
     # Faust's terminal spinner (made even when quiet) sets the root logger to DEBUG so
     # that every record spins it: every library's debug call on the hot path (hpack per

@@ -37,9 +37,8 @@ outcomes in any order, any number of times, give the same rows.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
-
 import sqlite3
+from typing import Any, Iterable, Optional
 
 from ..rules.states import EVIDENCE, IN_FLIGHT, RANK, of_deliveries
 from .rows import Rows, write_rows
