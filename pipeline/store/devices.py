@@ -37,13 +37,13 @@ outcomes in any order, any number of times, give the same rows.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Iterable, Optional
 
-from ..rules.states import EVIDENCE, IN_FLIGHT, RANK, of_deliveries
-from .rows import Rows, write_rows
+import aiosqlite
 
-__all__ = ["SCHEMA", "OBJECTS", "COLUMNS", "UPSERT_ROWS", "apply"]
+from ..rules.states import EVIDENCE, IN_FLIGHT, RANK, of_deliveries
+
+__all__ = ["SCHEMA", "OBJECTS", "COLUMNS", "UPSERT", "apply"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS device_deliveries (
@@ -96,10 +96,9 @@ def _least(col: str) -> str:
 
 
 #: the same join as a record's (pipeline/store/schema.py _UPSERT), per device delivery
-UPSERT_ROWS = Rows(
-    f"INSERT INTO device_deliveries ({', '.join(_COLS)})",
-    len(_COLS),
-    " ON CONFLICT (record_id, delivery_id) DO UPDATE SET "
+UPSERT = (
+    f"INSERT INTO device_deliveries ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))}) "
+    "ON CONFLICT (record_id, delivery_id) DO UPDATE SET "
     + ", ".join((
         f"status = CASE WHEN {_STATE_WIN} THEN excluded.status ELSE status END",
         f"reason = CASE WHEN {_STATE_WIN} THEN excluded.reason ELSE reason END",
@@ -125,34 +124,33 @@ def row(record_id: str, delivery_id: str, devices: int, r: list, ix: Any) -> tup
             r[ix.LATENCY])
 
 
-def apply(conn: sqlite3.Connection, rows: list[tuple], records: Iterable[str], k: int) -> None:
-    """In the record store's transaction (in its writer's thread): merge the device
-    deliveries' ``rows``, then derive the state of every record in ``records`` (push
-    records the batch touched) that has device deliveries. ``k``: the store's
-    state-key scale (rank × k + µs)."""
+async def apply(db: aiosqlite.Connection, rows: list[tuple], records: Iterable[str], k: int) -> None:
+    """In the record store's transaction: merge the device deliveries' ``rows``, then
+    derive the state of every record in ``records`` (push records the batch touched)
+    that has device deliveries. ``k``: the store's state-key scale (rank × k + µs)."""
     if rows:
-        write_rows(conn, UPSERT_ROWS, rows)
+        await db.executemany(UPSERT, rows)
     records = list(dict.fromkeys(records))
     updates = []
     for i in range(0, len(records), _CHUNK):
         chunk = records[i:i + _CHUNK]
         by_record: dict[str, list] = {}
         shown: dict[str, tuple] = {}
-        found = conn.execute(
+        async with db.execute(
             "SELECT d.record_id, d.status, d.reason, d.state_key, d.devices, d.latency_ms,"
             " r.status, r.reason, r.state_key, r.latency_ms"
             " FROM device_deliveries d JOIN notify_record r ON r.delivery_id = d.record_id"
             f" WHERE d.record_id IN ({','.join('?' * len(chunk))})", chunk,
-        ).fetchall()
-        for rid, status, reason, skey, n, latency, *record in found:
-            by_record.setdefault(rid, []).append((status, reason, skey, n, latency))
-            shown[rid] = tuple(record)
+        ) as cur:
+            for rid, status, reason, skey, n, latency, *record in await cur.fetchall():
+                by_record.setdefault(rid, []).append((status, reason, skey, n, latency))
+                shown[rid] = tuple(record)
         for rid, members in by_record.items():
             want = derive(members, k)
             if want != shown[rid]:  # mostly it is already (one device: the record's own merge)
                 updates.append((*want, rid))
     if updates:
-        conn.executemany(
+        await db.executemany(
             "UPDATE notify_record SET status = ?, reason = ?, state_key = ?, latency_ms = ? WHERE delivery_id = ?",
             updates,
         )

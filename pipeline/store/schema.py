@@ -72,7 +72,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import devices
-from .rows import Rows
 
 # ---------------------------------------------------------------------------
 # schema
@@ -285,11 +284,10 @@ _STATE_WIN = (
     "(excluded.state_key > state_key OR (excluded.state_key = state_key"
     " AND coalesce(excluded.reason, '') > coalesce(reason, '')))"
 )
-#: a record row's upsert, as many rows a statement as a batch has (rows.py)
-UPSERT_ROWS = Rows(
-    f"INSERT INTO notify_record ({', '.join(_ROW_COLUMNS)})",
-    len(_ROW_COLUMNS),
-    " ON CONFLICT (delivery_id) DO UPDATE SET "
+_UPSERT = (
+    f"INSERT INTO notify_record ({', '.join(_ROW_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_ROW_COLUMNS))}) "
+    "ON CONFLICT (delivery_id) DO UPDATE SET "
     + ", ".join(
         (
             f"status = CASE WHEN {_STATE_WIN} THEN excluded.status ELSE status END",
@@ -309,12 +307,13 @@ UPSERT_ROWS = Rows(
             "template_version = coalesce(max(template_version, excluded.template_version), template_version,"
             " excluded.template_version)",
         )
-    ),
+    )
 )
-_UPSERT = UPSERT_ROWS.sql(1)
 
-INSERT_ATTEMPT_ROWS = Rows(f"INSERT OR IGNORE INTO attempts ({', '.join(ATTEMPT_COLUMNS)})", len(ATTEMPT_COLUMNS))
-_INSERT_ATTEMPT = INSERT_ATTEMPT_ROWS.sql(1)
+_INSERT_ATTEMPT = (
+    f"INSERT OR IGNORE INTO attempts ({', '.join(ATTEMPT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(ATTEMPT_COLUMNS))})"
+)
 
 # ---------------------------------------------------------------------------
 # migration (RecordStore._migrate)

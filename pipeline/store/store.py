@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import aiosqlite
 
@@ -41,12 +41,11 @@ from ..rules.slo import EventRow
 from ..rules.states import PRECEDENCE
 from . import devices as devices_mod
 from .merge import _K, batch_rows, fold
-from .rows import Rows, write_rows
 from .turn import WriteTurn
 from .urgent import UrgentFirstLock
 from .schema import (
-    _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, ATTEMPT_COLUMNS, INSERT_ATTEMPT_ROWS, RECORD_COLUMNS,
-    UPSERT_ROWS, _rebuild_sql,
+    _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS, RECORD_COLUMNS,
+    _rebuild_sql,
 )  # fmt: skip
 
 #: a push's delivery to one device as a record's row (``d``: device_deliveries, ``r``:
@@ -58,8 +57,6 @@ _DEVICE_AS_RECORD = ", ".join(f"d.{c}" if c in devices_mod.COLUMNS else f"r.{c}"
 # under load for lines nobody reads
 logging.getLogger("aiosqlite").setLevel(logging.WARNING)
 log = logging.getLogger("notify.store")
-
-_INSERT_INBOX = Rows("INSERT OR IGNORE INTO inbox (user_id, delivery_id, title, body, created_at)", 5)
 
 __all__ = ["RecordStore", "StoreUnavailable", "InvalidOutcome", "InboxItem", "is_transient"]
 
@@ -145,20 +142,6 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
 
 
 # ---------------------------------------------------------------------------
-
-
-def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-    """``fn(conn)`` in one IMMEDIATE transaction, in the writer's thread: all or nothing."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = fn(conn)
-        conn.execute("COMMIT")
-        return result
-    except BaseException:
-        # "no transaction is active" (SQLITE_FULL/IOERR may have rolled back already) is fine
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
 
 
 class RecordStore:
@@ -291,22 +274,6 @@ class RecordStore:
                     raise StoreUnavailable(str(exc)) from exc
                 raise
 
-    async def _write_in_thread(self, fn: Callable[[sqlite3.Connection], Any], urgent: bool = False) -> Any:
-        """:meth:`_write` for a synchronous ``fn(conn)``: the transaction, ``fn`` and
-        its commit (or rollback) run in the writer's thread as one call, so the
-        database is locked for the work's own time, not for as many trips through a
-        busy event loop as it has statements (ADR 0006). ``conn`` is aiosqlite's
-        ``sqlite3.Connection``, used only from that thread."""
-        db = self._writer()
-        lock = self._wlock.urgent() if urgent else self._wlock
-        async with lock, self._turn or contextlib.nullcontext():
-            try:
-                return await db._execute(_transaction, db._conn, fn)
-            except BaseException as exc:
-                if is_transient(exc):
-                    raise StoreUnavailable(str(exc)) from exc
-                raise
-
     @staticmethod
     async def _rollback(db: aiosqlite.Connection) -> None:
         # Unconditional: statements run in order on the connection's thread, so this
@@ -365,15 +332,15 @@ class RecordStore:
             raise InvalidOutcome(f"{len(bad)} outcome(s) with an unknown state or bad fields", bad)
         rows, device_rows, push = batch_rows(folded, devices)
 
-        def work(conn: sqlite3.Connection) -> None:
-            write_rows(conn, UPSERT_ROWS, rows)
+        async def work(db: aiosqlite.Connection) -> None:
+            await db.executemany(_UPSERT, rows)
             if attempts:
-                write_rows(conn, INSERT_ATTEMPT_ROWS, attempts)
+                await db.executemany(_INSERT_ATTEMPT, attempts)
             if push:
-                devices_mod.apply(conn, device_rows, push, _K)
+                await devices_mod.apply(db, device_rows, push, _K)
 
         try:
-            await self._write_in_thread(work)
+            await self._write(work)
         except sqlite3.IntegrityError as exc:
             # rare, so only now look for the culprits: a delivery_id that is not
             # ids.delivery_id(biz_key, user_id, channel), or a missing key field
@@ -425,12 +392,17 @@ class RecordStore:
         if not rows:
             return 0
 
-        def work(conn: sqlite3.Connection) -> int:
-            return write_rows(conn, _INSERT_INBOX, rows)
+        async def work(db: aiosqlite.Connection) -> int:
+            cur = await db.executemany(
+                "INSERT OR IGNORE INTO inbox (user_id, delivery_id, title, body, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            return cur.rowcount
 
         # what makes an inbox delivery DELIVERED, and what its user sees: before the
         # record batches waiting (an OTP's row behind a campaign's records)
-        return await self._write_in_thread(work, urgent=True)
+        return await self._write(work, urgent=True)
 
     async def inbox(
         self, user_id: str, limit: int = 50, before: Optional[int] = None

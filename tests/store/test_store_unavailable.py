@@ -114,8 +114,7 @@ async def test_locked_database(store):
 async def test_disk_full_mid_batch_rolls_back_everything(store):
     async with store._db.execute("PRAGMA page_count") as cur:
         pages = (await cur.fetchone())[0]
-    # room for a few statements of the batch (pipeline/store/rows.py: up to 512 rows each), not for all
-    await store._db.execute(f"PRAGMA max_page_count={pages + 150}")
+    await store._db.execute(f"PRAGMA max_page_count={pages + 5}")
     before = dump(store.path)
     changes = store._db.total_changes
     batch = second_batch()
