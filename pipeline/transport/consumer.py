@@ -331,7 +331,8 @@ class Consumer(FastDrain, base.Consumer):
             # its flush waits for the record store, which a worker stopped in the
             # middle of a write (SIGSTOP, the previous owner of these slots) holds;
             # fenced only after it, the stopped owner's commits landed when it woke
-            # (the sigstop fault drill, once in two runs of the whole suite)
+            # (the sigstop fault drill, once in two runs of the whole suite).
+            # _reset_positions writes the same copy again (idempotent)
             await self._fence_commits(new)
             self.app.on_rebalance_start()
             await self.on_partitions_revoked(set(self._assigned))
@@ -378,9 +379,8 @@ class Consumer(FastDrain, base.Consumer):
         assignor._standby_tps = set()
 
     async def _reset_positions(self, tps: Set[TP]) -> None:
-        """Read ``tps`` again from their committed offsets; the caller has fenced
-        their commits (:meth:`_fence_commits`) before."""
         self._pos = {}
+        await self._fence_commits(tps)
         await self.seek_to_committed()
 
     async def _fence_commits(self, tps: Set[TP]) -> None:

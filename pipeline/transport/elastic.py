@@ -297,7 +297,6 @@ class ElasticConsumer(Consumer):
         tps = {TP(t, p) for t, ps in ca.kafka_protocol_assignment(self.app.tables) for p in ps}
         m.active = {tp: token for tp in actives}
         await self._fence_changelogs(actives)
-        await self._fence_commits(tps)
         if not self.app.rebalancing:
             self.app.on_rebalance_start()
         self._assigned = tps
