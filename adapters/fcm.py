@@ -114,6 +114,21 @@ class FcmConfig:
         )
 
 
+def signing_key(pem: str | bytes) -> Any:
+    """The service account's RSA key, loaded once: loading it checks the key, about
+    50 ms of CPU (cryptography's RSA validation), which PyJWT given the PEM text
+    paid on every assertion, on the event loop, once per token renewal (hourly)
+    and at the first push after a start. A key that does not load is kept as its
+    text: the assertion then fails as it did (the registry refuses such a key
+    before a worker starts: adapters/registry.py)."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        return load_pem_private_key(pem.encode() if isinstance(pem, str) else pem, password=None)
+    except (ValueError, TypeError):
+        return pem
+
+
 def _send_path(config: FcmConfig) -> str:
     return f"/v1/projects/{config.project_id}/messages:send"
 
@@ -132,6 +147,7 @@ class FcmProvider(OAuthProvider):
                 route = direct.route("POST", _send_path(config), headers={"content-type": "application/json"})
         super().__init__(config, clock=clock, client=client)
         self._route = route
+        self._signing_key = signing_key(config.private_key)
 
     # ------------------------------------------------------------ OAuth
 
@@ -146,7 +162,7 @@ class FcmProvider(OAuthProvider):
             "exp": now + self.config.token_lifetime,
         }
         headers = {"kid": self.config.private_key_id} if self.config.private_key_id else None
-        return jwt.encode(claims, self.config.private_key, algorithm="RS256", headers=headers)
+        return jwt.encode(claims, self._signing_key, algorithm="RS256", headers=headers)
 
     async def _fetch_token(self) -> tuple[str, float]:
         resp = await self._client.post(
