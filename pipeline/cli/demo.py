@@ -5,7 +5,8 @@ priority.
 
 It uses a running ``notify run`` (REDIS_URL or data/broker.url) if there is one,
 otherwise starts ``notify run`` itself (the embedded server, the workers and the
-simulators of its default layout, no API) and stops it at the end.
+simulators of its default layout, no API), its log in data/demo-run.log, and
+stops it at the end.
 """
 
 from __future__ import annotations
@@ -156,13 +157,20 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
         except NoBroker:
             # no pipeline running: start `notify run` as a user would (its default layout:
             # the priority process, a main worker per core, a process per simulators' family), no API
+            # its log (the simulators' failure scenarios dead-letter a few deliveries on
+            # purpose, and say so) goes to a file, not between the progress lines
             flag = Path(settings.data_dir) / "broker.url"
-            run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", "0",
-                                    "--metrics-port", "0"], stdout=subprocess.DEVNULL)
+            run_log = Path(settings.data_dir) / "demo-run.log"
+            run_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(run_log, "w") as out:
+                run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--api-port", "0",
+                                        "--metrics-port", "0"], stdout=out, stderr=subprocess.STDOUT)
+            print(f"started notify run (its log: {run_log})", flush=True)
             deadline = time.time() + 60
             while not flag.exists():
                 if run.poll() is not None or time.time() > deadline:
-                    raise CLIError("notify run did not start") from None
+                    tail = run_log.read_text(errors="replace").strip().splitlines()[-10:]
+                    raise CLIError("notify run did not start:\n" + "\n".join(tail)) from None
                 time.sleep(0.1)
             url = flag.read_text().strip()
             wait_ready(url)

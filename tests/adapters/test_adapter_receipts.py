@@ -126,6 +126,28 @@ async def test_redis_replay_guard_uses_set_nx_px():
     assert r.calls[0] == ("notify:receipt-seen:k", True, 1500)
 
 
+async def test_redis_replay_guard_on_the_api_s_wire_against_a_real_server(redis_url, redis_sync):
+    """The API's guard sends its SET NX PX on the API's own connection (the wire
+    answers b"OK" or nil, not redis-py's True/None): a first sighting, a replay,
+    and the key's time to live, read back from the server."""
+    import redis.asyncio as aioredis
+
+    from pipeline.transport.wire import Wire
+
+    client = aioredis.Redis.from_url(redis_url)
+    wire = Wire.for_client(client)
+    assert wire is not None
+    g = RedisReplayGuard(client, prefix="t:wire-seen:", wire=wire)
+    try:
+        assert await g.first_seen("sig-1", 30.0) is True
+        assert await g.first_seen("sig-1", 30.0) is False
+        assert await g.first_seen("sig-2", 30.0) is True
+        assert 0 < redis_sync.pttl("t:wire-seen:sig-1") <= 30_000
+    finally:
+        await wire.aclose()
+        await client.aclose()
+
+
 def test_parsers():
     assert parse_twilio_callback({"MessageSid": "SM1", "MessageStatus": "queued"}) is None
     r = parse_twilio_callback({"SmsSid": "SM1", "SmsStatus": "failed", "ErrorCode": "30007"}, now=5.0)

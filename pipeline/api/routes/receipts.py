@@ -130,7 +130,7 @@ class Receipts(Routes):
         if provider not in PROVIDERS and mail_cfg is None and hms_cfg is None:
             raise api_error(404, "unknown_provider", f"receipts are taken for {', '.join(PROVIDERS)} and the "
                             f"providers of kind sendgrid, ses or hms", field="provider")
-        guard = _TrackingGuard(ad.replay_guard(api.client, prefix=f"{api.ns}:api:receipt-seen:"))
+        guard = _TrackingGuard(ad.replay_guard(api.client, prefix=f"{api.ns}:api:receipt-seen:", wire=api.wire))
         conf = getattr(api.settings, "api", None)
         bounds = {} if conf is None else {"receipt_max_age": conf.receipt_max_age_s,
                                           "receipt_max_ahead": conf.receipt_max_ahead_s}
