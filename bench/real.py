@@ -41,7 +41,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.cli.demo import wait_ready  # noqa: E402
+from pipeline.cli.demo import wait_applied, wait_ready  # noqa: E402
 from pipeline.cli.send import send_raw  # noqa: E402
 from pipeline.procs import stop_process  # noqa: E402
 from pipeline.topics import event_key  # noqa: E402
@@ -119,7 +119,12 @@ def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: flo
         prefs, devs = users(n_users)
         asyncio.run(send_raw(url, "notify.preferences", prefs))
         asyncio.run(send_raw(url, "notify.devices", devs))
-        time.sleep(3)  # the profiles applied in both consumer groups
+        # the profiles applied in both consumer groups, as a deployment's are before its
+        # traffic: a fixed 3 s was not always enough on a slow hour, and the OTPs of the
+        # first seconds then waited on the guard's read barrier for their users' pending
+        # updates (agents/applied.py), up to 2 s, which set the run's OTP p99
+        took = wait_applied(url, ("notify.preferences", "notify.devices"), timeout=120)
+        print(f"real: {len(prefs)} users and {len(devs)} devices applied in {took:.1f}s", flush=True)
         procs = {p.pid: p for p in psutil.Process(run.pid).children()}
         cpu0 = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}
         wait0 = {pid: waited_for_a_core(pid) for pid in procs}
