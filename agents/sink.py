@@ -38,8 +38,14 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 2000
 #: how long the first outcome of a batch waits for company (NOTIFY_RECORD_WITHIN_MS)
 WITHIN_S = 0.020
-#: outcomes queued and not written, past which the agents emitting them wait
-MAX_UNWRITTEN = 20_000
+#: outcomes queued and not written, past which the agents emitting them wait: two
+#: batches, one being written and one gathering. A commit waits for what is queued
+#: when it starts, so this bounds how long a commit lasts (the backlog over the
+#: store's write rate). At 20,000 a main worker's commits lasted 30-33 s on the real
+#: path (bench/real.py: CPU-starved workers write slowly) and 9-12 s on bench/e2e.py;
+#: at 4,000, 7-8 s and 2-3 s, with as many notifications/s and less CPU per record
+#: (bench/RESULTS.md "sink-backlog")
+MAX_UNWRITTEN = 4_000
 
 #: what writes a batch: ``await with_store(op, what)`` (pipeline/runtime.py ``Resources.with_store``)
 WithStore = Callable[[Callable[[Any], Awaitable[Any]], str], Awaitable[Any]]
