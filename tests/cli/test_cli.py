@@ -94,11 +94,17 @@ def test_commands_against_the_embedded_server(running):
                    if b'"cli:1"' in f[b"v"]]
     finally:
         r.close()
-    # and the inbox lane's ACCEPTED and DELIVERED one more: five state changes, two entries
-    assert [sorted((o["channel"], o["state"]) for o in json.loads(v)) for v in entries] == \
-        [[("inbox", "PENDING"), ("push", "FILTERED")], [("inbox", "ACCEPTED"), ("inbox", "DELIVERED")]], entries
+    # and the inbox lane's ACCEPTED and DELIVERED one more: five state changes, two entries.
+    # The stream is at least once (docs/SCHEMA.md): the event sent while the workers were
+    # still starting may be handled again after a rebalance moved its partition before its
+    # offset was committed, and publishes the same entry again; each distinct entry counts once
+    groups = [sorted((o["channel"], o["state"]) for o in json.loads(v)) for v in entries]
+    assert list(dict.fromkeys(map(tuple, groups))) == \
+        [(("inbox", "PENDING"), ("push", "FILTERED")), (("inbox", "ACCEPTED"), ("inbox", "DELIVERED"))], entries
     dlq = [json.loads(line) for line in notify(env, "dlq", "ls").stdout.splitlines()]
-    assert [d["reason"] for d in dlq] == ["unknown_category"]
+    # one bad entry (a letter written again by such a replay names the same place)
+    assert dlq and {(d["source"], d["partition"], d["offset"], d["reason"]) for d in dlq} == \
+        {(d["source"], d["partition"], d["offset"], "unknown_category") for d in dlq[:1]}, dlq
     assert "replayed" in notify(env, "dlq", "replay", "--source", "expand").stdout
     status = notify(env, "status").stdout
     assert "notify.events" in status and "slots: 0→" in status
