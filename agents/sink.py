@@ -43,7 +43,7 @@ WITHIN_S = 0.020
 #: when it starts, so this bounds how long a commit lasts (the backlog over the
 #: store's write rate). At 20,000 a main worker's commits lasted 30-33 s on the real
 #: path (bench/real.py: CPU-starved workers write slowly) and 9-12 s on bench/e2e.py;
-#: at 4,000, 7-8 s and 2-3 s, with as many notifications/s and no more CPU per record
+#: at 4,000, 7-8 s and 2-3 s, with as many notifications/s
 #: (bench/RESULTS.md "sink-backlog")
 MAX_UNWRITTEN = 4_000
 
