@@ -24,6 +24,7 @@ more.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any, Awaitable, Callable, Optional, Union
 
@@ -34,7 +35,19 @@ from pipeline.models import AttemptResult
 from ._http import client_for, exception_result
 from .base import Provider, SendResult, Stopwatch
 
-__all__ = ["CachedToken", "TokenProvider", "OAuthProvider"]
+__all__ = ["CachedToken", "TokenProvider", "OAuthProvider", "load_private_key"]
+
+
+@functools.lru_cache(maxsize=16)
+def load_private_key(pem: str | bytes) -> Any:
+    """A PEM private key without a passphrase, loaded once per process: cryptography
+    checks an RSA key as it loads it, about 50 ms of CPU, and the registry's check of
+    a configured key (adapters/registry.py) and the adapter that signs with it
+    (adapters/fcm.py) both need it loaded. Raises ``ValueError``/``TypeError`` for
+    text that is not such a key, as ``load_pem_private_key`` does."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    return load_pem_private_key(pem.encode() if isinstance(pem, str) else pem, password=None)
 
 
 class CachedToken:

@@ -50,7 +50,7 @@ import orjson
 from pipeline.models import AttemptResult, Delivery, Priority
 
 from ._http import Reply, Route, direct_client, json_body, response_json
-from ._token import OAuthProvider
+from ._token import OAuthProvider, load_private_key
 from .apns import split_push_address, wrong_platform
 from .base import Fault, PermanentKind, SendResult, Stopwatch, parse_retry_after
 
@@ -115,16 +115,15 @@ class FcmConfig:
 
 
 def signing_key(pem: str | bytes) -> Any:
-    """The service account's RSA key, loaded once: loading it checks the key, about
-    50 ms of CPU (cryptography's RSA validation), which PyJWT given the PEM text
-    paid on every assertion, on the event loop, once per token renewal (hourly)
-    and at the first push after a start. A key that does not load is kept as its
-    text: the assertion then fails as it did (the registry refuses such a key
-    before a worker starts: adapters/registry.py)."""
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
+    """The service account's RSA key, loaded once (``load_private_key``: the
+    registry's check of the configured key loaded it already): loading it checks
+    the key, about 50 ms of CPU, which PyJWT given the PEM text paid on every
+    assertion, on the event loop, once per token renewal (hourly) and at the first
+    push after a start. A key that does not load is kept as its text: the
+    assertion then fails as it did (the registry refuses such a key before a
+    worker starts: adapters/registry.py)."""
     try:
-        return load_pem_private_key(pem.encode() if isinstance(pem, str) else pem, password=None)
+        return load_private_key(pem)
     except (ValueError, TypeError):
         return pem
 

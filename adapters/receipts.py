@@ -70,6 +70,7 @@ import orjson
 from pipeline.models import Receipt
 from pipeline.parsers.events import MAX_PROVIDER_MSG_ID as MAX_MSG_ID
 from pipeline.parsers.events import id_problem
+from pipeline.transport.wire import run_commands
 
 from .base import header as _header
 
@@ -198,9 +199,7 @@ class RedisReplayGuard:
         px = max(1, int(ttl * 1000))
         if self.wire is None:
             return bool(await self.redis.set(self.prefix + key, b"1", nx=True, px=px))
-        (reply,) = await self.wire.execute([("SET", self.prefix + key, b"1", "NX", "PX", px)])
-        if isinstance(reply, Exception):
-            raise reply
+        (reply,) = await run_commands(self.redis, self.wire, [("SET", self.prefix + key, b"1", "NX", "PX", px)])
         return reply is not None  # b"OK", or nil when the key was there
 
 

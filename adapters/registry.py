@@ -42,6 +42,7 @@ from config.settings import ConfigError, ProviderConfig
 from pipeline.models import AttemptResult
 
 from ._http import response_json
+from ._token import load_private_key
 from .base import PermanentKind, Provider, QueryResult, QueryStatus, SendResult
 from .registry_cloud import CLOUD_KINDS, CLOUD_PROBES, cloud_endpoint, cloud_fields
 
@@ -220,11 +221,10 @@ _HTTP_MAP = {"pool": "max_connections"}
 def _check_pem(spec: ProviderConfig, secret: str, pem: str, what: str) -> None:
     """The key parses and is of the type its signature needs (ES256: EC P-256, RS256: RSA)."""
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
     key = _secret_key(spec, secret)
     try:
-        loaded = load_pem_private_key(pem.encode(), password=None)
+        loaded = load_private_key(pem)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{key}: not a PEM private key without a passphrase ({what}): "
                           f"{type(exc).__name__}", key, None) from None

@@ -54,8 +54,12 @@ def test_the_key_is_loaded_once_and_signs_every_assertion(fcm_sim):
     """The RSA key is parsed and checked when the adapter is built, not per assertion
     (about 50 ms on the event loop each): every assertion verifies with the
     service account's public key."""
+    from adapters._token import load_private_key
+
     p = provider_for(fcm_sim)
     assert isinstance(p._signing_key, rsa.RSAPrivateKey)
+    # one load per process: the registry's check of the key gets the same object
+    assert load_private_key(fcm_sim.private_key_pem) is p._signing_key
     public = serialization.load_pem_private_key(fcm_sim.private_key_pem.encode(), None).public_key()
     for _ in range(2):
         claims = jwt.decode(p.assertion(), public, algorithms=["RS256"], audience=fcm_sim.token_uri)
