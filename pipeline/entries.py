@@ -143,6 +143,17 @@ class GuardedSchema(faust.Schema):
             why = malformed(message)
             if why is not None:
                 raise MalformedEntry(why)
+        if (loads is None and self.key_type is str
+                and (serializer or self.key_serializer or app.conf.key_serializer) == "raw"):
+            # what Faust's registry does for a text key with the raw codec (its
+            # ``want_str``), without a codec lookup and three calls deep per entry
+            key = message.key
+            if isinstance(key, bytes):
+                try:
+                    return key.decode()
+                except UnicodeDecodeError as exc:
+                    raise KeyDecodeError(str(exc)) from exc
+            return key
         return super().loads_key(app, message, loads=loads, serializer=serializer)
 
 

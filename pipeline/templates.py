@@ -291,11 +291,15 @@ class Renderer:
         out: dict[str, str] = {}
         try:
             plain = self._template(name, html=False)
+            contexts: dict[bool, Any] = {}  # one per template, its blocks rendered in it (as Jinja's render does)
             for part in parts:
                 html = (channel, part) == _HTML_PART
                 tmpl = self._template(name, html=True) if html else plain
                 if part in tmpl.blocks:
-                    text = "".join(tmpl.blocks[part](tmpl.new_context(variables)))
+                    ctx = contexts.get(html)
+                    if ctx is None:
+                        ctx = contexts[html] = tmpl.new_context(variables)
+                    text = "".join(tmpl.blocks[part](ctx))
                 elif part == "body" and not tmpl.blocks:
                     text = tmpl.render(variables)
                 elif part in OPTIONAL_PARTS.get(channel, ()):
@@ -327,6 +331,10 @@ class Renderer:
         tmpl = self._compiled.get(key)
         if tmpl is None:
             tmpl = (self._html if html else self._plain).get_template(name)
+            # Jinja keeps a template's globals as a ChainMap over the environment's,
+            # copied into every render's context key by key: a plain dict (the
+            # environment's globals never change after start) is one C-level copy
+            tmpl.globals = dict(tmpl.globals)
             self._compiled[key] = tmpl
         return tmpl
 

@@ -89,6 +89,12 @@ def _is_number(x: Any) -> bool:
 def params_depth(obj: Any, limit: int = 1 << 30) -> int:
     """Nesting of dicts and lists (a flat dict is 1, a scalar 0); stops counting once
     past ``limit``."""
+    if type(obj) is dict:  # the common case, a flat dict of scalars: no walk
+        for v in obj.values():
+            if isinstance(v, (dict, list, tuple)):
+                break
+        else:
+            return 1
     deepest = 0
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:

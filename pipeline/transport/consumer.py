@@ -160,6 +160,14 @@ class Consumer(FastDrain, base.Consumer):
         self._max_records = self.app.conf.broker_max_poll_records or 1000
         self._priority_topics = priority_topics(self.app)
 
+    def _get_active_partitions(self) -> set:
+        # Faust's, without its assert that walks every assigned partition on each
+        # call (a fetch and a delivery loop call it every round)
+        tps = self._active_partitions
+        if tps is None:
+            return self._set_active_tps(self.assignment())
+        return tps
+
     # -- lifecycle ---------------------------------------------------------
 
     async def on_start(self) -> None:

@@ -138,6 +138,26 @@ def test_params_depth_limit_is_inclusive():
     assert params_depth({}) == 1 and params_depth(1) == 0 and params_depth({"a": {"b": {}}}) == 3
 
 
+def _walked_depth(obj, depth=1):
+    """The nesting counted by plain recursion (what params_depth's flat-dict shortcut must agree with)."""
+    if isinstance(obj, dict):
+        return max([depth, *(_walked_depth(v, depth + 1) for v in obj.values())])
+    if isinstance(obj, (list, tuple)):
+        return max([depth, *(_walked_depth(v, depth + 1) for v in obj)])
+    return depth - 1
+
+
+_JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+                        lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=2), kids, max_size=3),
+                        max_leaves=12)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(_JSONISH)
+def test_params_depth_is_the_nesting_flat_or_not(obj):
+    assert params_depth(obj) == _walked_depth(obj)
+
+
 def test_invalid_event_message():
     err = InvalidEvent("unknown_channel", "channels", "fax")
     assert str(err) == "unknown_channel: channels (fax)"

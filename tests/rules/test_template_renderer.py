@@ -165,6 +165,15 @@ def test_blockless_file_is_the_body(tmp_path):
     assert r.render("t", 1, "sms", None, {"name": "Bo"}) == {"body": "Hi Bo!"}
 
 
+def test_a_block_sees_the_params_not_what_another_block_set(tmp_path):
+    """The parts of one template are rendered in one context (as Jinja renders a
+    whole template): a ``set`` inside a block stays in that block."""
+    r = make(tmp_path, {"t/v1/push.en.j2": "{% block title %}{% set name = 'X' %}{{ name }}{% endblock %}"
+                                            "{% block body %}{{ name }}{% endblock %}"})
+    assert r.render("t", 1, "push", "en", {"name": "Bo"}) == {"title": "X", "body": "Bo"}
+    assert r.render("t", 1, "push", "en", {"name": "Al"}) == {"title": "X", "body": "Al"}
+
+
 def test_incomplete_template(tmp_path):
     r = make(tmp_path, {"t/v1/push.en.j2": "{% block body %}b{% endblock %}"})
     with pytest.raises(TemplateError, match="template_incomplete.*title"):
