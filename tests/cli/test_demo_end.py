@@ -17,3 +17,42 @@ def test_the_end_once_every_event_has_a_record_and_all_are_settled_for_two_secon
 def test_thirty_seconds_without_progress_ends_it_whatever_is_missing():
     assert finished((300, 300, 0, 300), events=1000, still=60)
     assert not finished((0, 0, 0, 0), events=10, still=59)
+
+
+def test_first_try_leaves_out_a_hung_call_its_receipt_made_delivered(tmp_path):
+    """A call that hung to its deadline (TIMEOUT_UNKNOWN) and whose record turned
+    DELIVERED by the provider's receipt has no retry and no reconciliation; it is
+    still not a first try. Nor is a push one of whose devices was answered 429."""
+    import re
+    import sqlite3
+
+    from pipeline.cli.demo import _summary
+    from pipeline.store.schema import _SCHEMA
+
+    db = tmp_path / "records.db"
+    con = sqlite3.connect(db)
+    con.executescript(_SCHEMA)
+
+    def record(i, delivery_id, channel, latency_ms, status="DELIVERED"):
+        con.execute("INSERT INTO notify_record (biz_key, user_id, channel, template_code, status, state_key, retry_count,"
+                    " created_at, updated_at, delivery_id, notification_id, category, priority, accepted_at,"
+                    " latency_ms) VALUES (?, 'u', ?, 'otp', ?, 0, 1, 0, 0, ?, ?, 'otp', 'high', 0, ?)",
+                    (f"demo:r:{i}", channel, status, delivery_id, f"n{i}", latency_ms))
+
+    def attempt(delivery_id, result):
+        con.execute("INSERT INTO attempts (notification_id, seq, channel, provider, started_at, result,"
+                    " delivery_id) VALUES ('n', 1, 'sms', 'p', 0, ?, ?)", (result, delivery_id))
+
+    for i in range(50):  # answered at once: 100-149 ms
+        record(i, f"d{i}", "sms", 100 + i, status="ACCEPTED")
+        attempt(f"d{i}", "ACCEPTED")
+    record(50, "hung", "sms", 1200)  # hung, then DELIVERED by its receipt
+    attempt("hung", "TIMEOUT_UNKNOWN")
+    record(51, "push1", "push", 1300)  # one device answered 429, the other ACCEPTED
+    attempt("push1.dev-a", "ACCEPTED")
+    attempt("push1.dev-b", "RATE_LIMITED")
+    con.commit()
+    con.close()
+    line = next(ln for ln in _summary(db, "demo:r:").splitlines() if ln.startswith("high"))
+    n, p50, p99, first = re.split(r"\s+", line.strip())[1:5]
+    assert (n, p99, first) == ("52", "1300.0", "149.0"), line
