@@ -39,6 +39,9 @@ from typing import Any, Optional
 
 import faust
 
+from faust.models.base import Model
+from faust.serializers.codecs import get_codec
+
 from .groups import DELETED as _DELETED, can_group, encode_changes, group_key
 from .hooks import hooks_of
 
@@ -46,6 +49,9 @@ __all__ = ["CachedTable", "cached_tables", "commit_waits", "flush_tables", "MAX_
 
 #: dirty keys per table before they are sent without waiting for a commit
 MAX_DIRTY = 50_000
+#: keys and values Faust's registry does not hand to the table's codec (bytes as they
+#: are, a record by its own serializer): these take Faust's ``prepare_key``/``prepare_value``
+_AS_IS = (bytes, Model)
 
 
 class CachedTable(faust.Table):
@@ -107,7 +113,57 @@ class CachedTable(faust.Table):
     def send_changelog(self, partition: Optional[int], key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         if self._dirty:
             self._dirty.pop((partition, key), None)  # this write is newer
-        return super().send_changelog(partition, key, value, *args, **kwargs)
+        return self._send(partition, key, value, *args, **kwargs)
+
+    def _send(self, partition: Optional[int], key: Any, value: Any,
+              key_serializer: Any = None, value_serializer: Any = None) -> Any:
+        """Faust's ``Collection.send_changelog``: the same entry (key and value
+        serialized by the changelog topic's schema, as Faust does), handed to our
+        producer with a plain future, without Faust's pending and future message,
+        its sensor calls and its callback per entry (a lane's "calling" marks: one
+        entry per take, awaited before the calls). Once written, the store learns
+        the entry's offset, as Faust's ``_on_changelog_sent`` tells it. Faust's own
+        path where ours does not apply: another producer, no explicit partition, a
+        topic whose partitions are not known yet, a transaction."""
+        producer = self.app.producer
+        enqueue = getattr(producer, "enqueue_entry", None)
+        topic = self.changelog_topic
+        name = topic.get_topic_name()
+        if (enqueue is None or partition is None or self.app.in_transaction
+                or not producer.enqueues(name)):
+            return super().send_changelog(partition, key, value, key_serializer, value_serializer)
+        if (key_serializer is None and value_serializer is None and value is not None
+                and not isinstance(key, _AS_IS) and not isinstance(value, _AS_IS)):
+            codecs = self._codecs()
+        else:
+            codecs = None
+        if codecs is not None:  # the common change: a plain key and value, the table's codecs
+            k, v, headers = codecs[0].dumps(key), codecs[1].dumps(value), {}
+        else:
+            k, headers = topic.prepare_key(key, key_serializer or self.key_serializer, None, {})
+            v, headers = topic.prepare_value(value, value_serializer or self.value_serializer, None, headers)
+        fut = enqueue(name, partition, k, v, headers)
+        fut.add_done_callback(self._on_sent)
+        return fut
+
+    def _codecs(self) -> Optional[tuple]:
+        """The codecs Faust's registry picks for this changelog's plain keys and values
+        (``Registry.dumps_key``/``dumps_value`` with the table's serializers), found
+        once; None where it would not use one (they go through ``prepare_key``)."""
+        found = self.__dict__.get("_direct_codecs", False)
+        if found is False:
+            schema, reg = self.changelog_topic.schema, self.app.serializers
+            ks = reg._serializer(schema.key_type, self.key_serializer or schema.key_serializer, reg.key_serializer)
+            vs = reg._serializer(schema.value_type, self.value_serializer or schema.value_serializer,
+                                 reg.value_serializer)
+            found = (get_codec(ks), get_codec(vs)) if ks and vs else None
+            self.__dict__["_direct_codecs"] = found
+        return found
+
+    def _on_sent(self, fut: "asyncio.Future") -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            md = fut.result()
+            self.data.set_persisted_offset(md.topic_partition, md.offset)
 
     def send_group(self, partition: int, items: list[tuple[Any, Any]], *, _taken: bool = False) -> Any:
         """Send the ``(key, value)`` changes (value ``groups.DELETED``: delete) of
@@ -116,12 +172,12 @@ class CachedTable(faust.Table):
         the (last) write. Each key's cached older change is dropped, as
         :meth:`send_changelog` does (not for what a flush took: the cache holds
         only newer changes then)."""
-        send = super().send_changelog if _taken else self.send_changelog
+        send = self._send if _taken else self.send_changelog
         if len(items) > 1 and can_group(self):
             if self._dirty and not _taken:
                 for key, _v in items:
                     self._dirty.pop((partition, key), None)
-            return super().send_changelog(partition, group_key(), encode_changes(items))
+            return self._send(partition, group_key(), encode_changes(items))
         fut = None
         for key, value in items:
             if value is _DELETED:

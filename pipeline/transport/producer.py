@@ -183,6 +183,18 @@ class Producer(base.Producer):
         write that fails for good is logged."""
         self._enqueue(topic, await self._partition_for(topic, key), key, value, None, None, False)
 
+    def enqueues(self, topic: str) -> bool:
+        """Whether :meth:`enqueue_entry` may be used for ``topic``: the producer is
+        not Faust's threaded one and the topic's partitions are known."""
+        return not self.app.conf.producer_threaded and self.transport.partitions_cached(topic) is not None
+
+    def enqueue_entry(self, topic: str, partition: int, key: Optional[bytes], value: Optional[bytes],
+                      headers: Any = None) -> "asyncio.Future[RecordMetadata]":
+        """Queue one serialized entry for ``partition`` in the next batch, in order
+        with ``send``; the future resolves to its metadata once written (the tables'
+        changelog writes: pipeline/transport/cache.py)."""
+        return self._enqueue(topic, partition, key, value, None, headers)
+
     def send_soon(self, fut: FutureMessage) -> None:
         """Table changelog writes (and any ``Topic.send_soon``) go straight into the
         next batch, in order with ``send``, and are resolved when it is written.
