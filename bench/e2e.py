@@ -2,7 +2,7 @@
 (valkey-server, AOF everysec), two worker processes splitting 8 partitions, the
 in-process fake providers at zero latency.
 
-    python bench/e2e.py [--events 20000] [--profile] [--workers 2]
+    python bench/e2e.py [--events 20000] [--profile] [--calls] [--workers 2]
 
 1. Users: phone/email preferences (some opted out of marketing, a few in quiet
    hours) and push devices go through notify.preferences / notify.devices; two
@@ -14,6 +14,12 @@ in-process fake providers at zero latency.
    produced) to the last change of the record store (SQLite), once every topic's
    lag is zero. CPU (utime+stime from /proc) of each worker and of the server is
    taken over the same window.
+
+``--calls`` runs the measured workers under cProfile and reports the Python
+function calls per notification (both workers, their start and table recovery
+included): a count this VM's noise does not move, for changes of a few % that its
+timings (2x swings between hours) cannot show. The run's timings are then
+cProfile's, not the pipeline's.
 
 ``--profile`` attaches ``py-spy record`` to worker 0 for 10 s and writes
 bench/out/e2e-profile.svg (flamegraph) and bench/out/e2e-profile.txt (functions
@@ -374,6 +380,7 @@ class Result:
     outcomes: int = 0
     produce_s: float = 0.0
     startup_s: float = 0.0
+    calls: int = 0  # --calls: Python function calls of the workers (cProfile)
     profile: list = field(default_factory=list)
     profile_incl: list = field(default_factory=list)
     hung_on_stop: list = field(default_factory=list)
@@ -455,8 +462,10 @@ def bench_config(tmp: Path) -> Optional[Path]:
 
 
 class Workers:
-    def __init__(self, url: str, tmp: Path, diagnose: bool = False, loop: Optional[str] = None):
+    def __init__(self, url: str, tmp: Path, diagnose: bool = False, loop: Optional[str] = None,
+                 calls: bool = False):
         self.diagnose = diagnose
+        self.calls = calls
         config = self.config = bench_config(tmp)
         self.env = worker_env(
             os.environ, url, workers=WORKERS, NOTIFY_CONFIG=config, NOTIFY_DATA_DIR=tmp / "data",
@@ -471,6 +480,9 @@ class Workers:
             cmd = [sys.executable, "-m", "pipeline.cli", "worker", "-l", "warn"]
             if self.diagnose and tag == "run":
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-shim", str(OUT / f"e2e-probes-w{i}.json")]
+            elif self.calls and tag == "run":
+                (OUT / f"e2e-calls-w{i}.prof").unlink(missing_ok=True)
+                cmd[1:2] = ["-m", "cProfile", "-o", str(OUT / f"e2e-calls-w{i}.prof"), "-m"]
             self.procs.append(subprocess.Popen(
                 cmd, cwd=str(ROOT),
                 env=worker_env(self.env, index=i), stdout=log, stderr=subprocess.STDOUT))
@@ -508,7 +520,7 @@ def wait(cond, timeout: float, what: str, check=None, interval: float = 0.05):
 
 
 def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users: Optional[int] = None,
-        seed: int = 8, timeout: float = 900.0, loop: Optional[str] = None, log=print) -> Result:
+        seed: int = 8, timeout: float = 900.0, loop: Optional[str] = None, log=print, calls: bool = False) -> Result:
     import redis
 
     t_begin = time.monotonic()
@@ -527,7 +539,7 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
     with tempfile.TemporaryDirectory(prefix="notify-e2e-") as tmpdir:
         tmp = Path(tmpdir)
         server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
-        workers = Workers(server.url, tmp, diagnose, loop)
+        workers = Workers(server.url, tmp, diagnose, loop, calls)
         if workers.config:
             import tomllib
 
@@ -676,6 +688,14 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             r.close()
             server.stop()
             log("e2e: workers and server stopped")
+    if calls:
+        import pstats
+
+        profs = [OUT / f"e2e-calls-w{i}.prof" for i in range(WORKERS)]
+        if all(f.exists() for f in profs) and res.notifications:
+            res.calls = sum(pstats.Stats(str(f)).total_calls for f in profs)
+        else:
+            log("e2e: a worker wrote no cProfile output (bench/out/e2e-calls-w*.prof)")
     return res
 
 
@@ -715,6 +735,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--users", type=int, default=None, help="default: max(1000, events)")
     ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 for 10 s")
+    ap.add_argument("--calls", action="store_true",
+                    help="the workers under cProfile: Python calls per notification (timings are cProfile's)")
     ap.add_argument("--diagnose", action="store_true", help="workers with timing probes around awaits that stall")
     ap.add_argument("--event-loop", choices=("uvloop", "asyncio", "both"), default=None,
                     help="the workers' event loop (NOTIFY_LOOP); 'both' runs asyncio and uvloop twice each,"
@@ -729,9 +751,14 @@ def main() -> None:
         return worker_shim(args.worker_shim)
     if args.event_loop == "both":
         return compare_loops(args.events, args.users)
-    res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users, loop=args.event_loop)
+    res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users, loop=args.event_loop,
+              calls=args.calls)
     print(json.dumps({k: v for k, v in res.__dict__.items() if k not in ("profile", "profile_incl", "probes")},
                      indent=2))
+    if res.calls:
+        print(f"Python calls per notification (cProfile, {WORKERS} workers, their start and table recovery"
+              f" included): {res.calls / res.notifications:,.0f} ({res.calls:,} calls, {res.notifications:,}"
+              " notifications)")
     for block in (cost_lines(res), res.profile, res.profile_incl, res.probes):
         if block:
             print("\n".join(block))
