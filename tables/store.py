@@ -49,6 +49,13 @@ class Store(memory.Store):
         #: holds of them is exactly the changelog up to their offset
         self._loaded: set[TP] = set()
 
+    def get(self, key: Any, default: Any = None) -> Any:
+        """``Mapping.get`` (through ``__getitem__`` and a ``KeyError`` for a missing
+        key: three Python calls) as the dict's own: this store has no ``__missing__``,
+        so the answer is the same. Every read of the guard's state and the lanes'
+        marks goes through here."""
+        return self.data.get(key, default)
+
     def apply_changelog_batch(
         self,
         batch: Iterable[EventT],

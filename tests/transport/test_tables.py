@@ -282,3 +282,19 @@ def test_a_key_written_for_a_users_partition_goes_with_that_partition():
     assert set(store.data) == {"u|biz|*", ("daily", "freq:u:marketing:d"), ("window", "u|marketing")}
     asyncio.run(store.on_recovery_completed({TP(topic, 3)}, set()))  # partition 1 given up
     assert dict(store.data) == {}
+
+
+def test_the_ordered_store_s_get_answers_as_mapping_get():
+    """tables/store.py ``Store.get`` reads the dict directly: what ``Mapping.get``
+    (``__getitem__``, ``KeyError`` for a missing key) answers, falsy values kept."""
+    from collections.abc import Mapping
+
+    from tables.store import Store
+
+    store = Store.__new__(Store)
+    store.__post_init__()
+    for k, v in {"a": 1, "zero": 0, "none": None, ("daily", "u|otp"): 3, "empty": []}.items():
+        store[k] = v
+    for key in ("a", "zero", "none", ("daily", "u|otp"), "empty", "missing", ("window", "x")):
+        for default in ((), (None,), (7,)):
+            assert store.get(key, *default) == Mapping.get(store, key, *default), (key, default)
