@@ -38,7 +38,6 @@ import asyncio
 from typing import Any, Optional
 
 import faust
-
 from faust.models.base import Model
 from faust.serializers.codecs import get_codec
 
