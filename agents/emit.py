@@ -20,6 +20,7 @@ class Emit:
         self.records = records
         t = app.declared
         self.outcomes_topic, self.dlq_topic = t.outcomes, t.dlq
+        self.outcomes_name = t.outcomes.get_topic_name()
         #: pipeline/topics.py timers_for's name → the topic
         self.timer_topics = {TIMERS: t.timers, TIMERS_HIGH: t.timers_high}
         self.callbacks_topic = t.callbacks
@@ -50,7 +51,7 @@ class Emit:
         are never read back."""
         items = list(items)
         send = self.app.producer.send_record
-        topic = self.outcomes_topic.get_topic_name()
+        topic = self.outcomes_name
         by_user: dict[str, list[bytes]] = {}
         for o in items:
             metrics.outcomes_of(o.state, o.reason or "").inc()

@@ -141,6 +141,7 @@ def _direct_dumps(cls: type) -> None:
     descriptor, as Faust's ``asdict`` does. Only for records with the orjson codec,
     no metadata and Faust's ``_prepare_dict``; ``dumps(serializer=...)`` keeps
     Faust's."""
+    from faust.models.base import Model
     from faust.models.record import Record
 
     from .codecs import dumps as codec_dumps
@@ -148,12 +149,18 @@ def _direct_dumps(cls: type) -> None:
     opts: Any = cls._options  # type: ignore[attr-defined]
     if opts.serializer != "orjson" or opts.include_metadata or cls._prepare_dict is not Record._prepare_dict:
         return
-    items = []
+    items, raw = [], []
     for name, desc in opts.descriptors.items():
         if desc.exclude:
             continue
-        value = f"self.{name}" if getattr(desc, "lazy_coercion", False) else f"d[{name!r}]"
-        items.append(f"{desc.output_name!r}: {value}")
+        lazy = getattr(desc, "lazy_coercion", False)
+        items.append(f"{desc.output_name!r}: " + (f"self.{name}" if lazy else f"d[{name!r}]"))
+        # what dumps reads: a lazy field's value as it is when it is None or already a
+        # record (its descriptor would return it unchanged; the codec writes a record
+        # by its own asdict), else through the descriptor, as asdict does
+        raw.append(f"{desc.output_name!r}: " + (
+            f"(d[{name!r}] if d[{name!r}] is None or isinstance(d[{name!r}], _Model) else self.{name})"
+            if lazy else f"d[{name!r}]"))
     source = (
         "def asdict(self):\n"
         "    d = self.__dict__\n"
@@ -161,10 +168,12 @@ def _direct_dumps(cls: type) -> None:
         "def dumps(self, *, serializer=None):\n"
         "    if serializer is not None:\n"
         "        return _faust_dumps(self, serializer=serializer)\n"
-        "    return _codec_dumps(self.asdict())\n"
+        "    d = self.__dict__\n"
+        f"    return _codec_dumps({{{', '.join(raw)}}})\n"
     )
     cls._faust_asdict = cls.asdict  # type: ignore[attr-defined]  # (what the tests compare with)
-    scope: dict[str, Any] = {"_faust_dumps": cls.dumps, "_codec_dumps": codec_dumps}  # type: ignore[attr-defined]
+    scope: dict[str, Any] = {"_faust_dumps": cls.dumps, "_codec_dumps": codec_dumps,  # type: ignore[attr-defined]
+                             "_Model": Model}
     exec(compile(source, f"<direct_dumps {cls.__name__}>", "exec"), scope)  # noqa: S102 - our own fields
     for name in ("asdict", "dumps"):
         scope[name].__qualname__ = f"{cls.__name__}.{name}"

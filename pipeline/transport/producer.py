@@ -170,7 +170,8 @@ class Producer(base.Producer):
         # fut False: nobody waits for this message (send_record), only the flush does
         q = self._priority if topic in self._priority_topics or in_priority_task() else self._main
         q.pending.append(
-            (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers), fut, soon)
+            (topic, partition, key, value, timestamp or time.time(), normalize_headers(headers) if headers else [],
+             fut, soon)
         )
         q.enqueued += 1
         q.wakeup.set()
@@ -181,7 +182,12 @@ class Producer(base.Producer):
         its result: what ``send`` does, for senders that never await the write
         (a commit still waits for it: :meth:`flush` counts what was queued). A
         write that fails for good is logged."""
-        self._enqueue(topic, await self._partition_for(topic, key), key, value, None, None, False)
+        transport = self.transport
+        if transport.partitions_cached(topic) is None:
+            partition = await self._partition_for(topic, key)
+        else:  # known: no coroutine to make and await per entry
+            partition = transport.partition_for(topic, key)
+        self._enqueue(topic, partition, key, value, None, None, False)
 
     def enqueues(self, topic: str) -> bool:
         """Whether :meth:`enqueue_entry` may be used for ``topic``: the producer is
