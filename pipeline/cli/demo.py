@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.store.schema import of_record
+
 from .broker import CLIError, NoBroker, broker_keys, broker_url, current_settings, redis_client
 from .mixes import demo_events, demo_users
 from .send import send_raw
@@ -65,8 +67,7 @@ def finished(counts: tuple[int, int, int, int], events: int, still: int) -> bool
 #: was answered ACCEPTED: no timeout (a hanging call's record can still turn DELIVERED by its
 #: receipt, with no retry and no reconciliation), no 429, no error
 _ANSWERED_FIRST = (
-    "NOT EXISTS (SELECT 1 FROM attempts a WHERE (a.delivery_id = r.delivery_id"
-    " OR (a.delivery_id > r.delivery_id || '.' AND a.delivery_id < r.delivery_id || '/'))"
+    f"NOT EXISTS (SELECT 1 FROM attempts a WHERE {of_record('a.delivery_id', 'r.delivery_id')}"
     " AND a.result != 'ACCEPTED')"
 )
 

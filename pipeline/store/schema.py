@@ -239,6 +239,15 @@ ATTEMPT_COLUMNS: tuple[str, ...] = (
     "latency_ms", "retry_after", "provider_msg_id", "error", "delivery_id",
 )  # fmt: skip
 
+
+
+def of_record(column: str, record: str) -> str:
+    """SQL: ``column`` is the delivery id ``record`` (a column or a parameter) or that
+    of one of its deliveries to a device (``<record>.<device>``: devices.py), as a
+    range on the column's index."""
+    return f"({column} = {record} OR ({column} > {record} || '.' AND {column} < {record} || '/'))"
+
+
 # the order of the values _row() (merge.py) builds and the upsert takes
 _ROW_COLUMNS = (
     "delivery_id", "notification_id", "biz_key", "user_id", "channel", "template_code",

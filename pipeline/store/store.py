@@ -45,7 +45,7 @@ from .turn import WriteTurn
 from .urgent import UrgentFirstLock
 from .schema import (
     _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS, RECORD_COLUMNS,
-    _rebuild_sql,
+    _rebuild_sql, of_record,
 )  # fmt: skip
 
 #: a push's delivery to one device as a record's row (``d``: device_deliveries, ``r``:
@@ -694,9 +694,9 @@ class RecordStore:
         """The provider calls of a delivery; of a record, also those of its deliveries to
         each device (``delivery_id`` tells them apart)."""
         rows = await self._read(
-            f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts WHERE delivery_id = ?"
-            " OR (delivery_id > ? AND delivery_id < ?) ORDER BY delivery_id, seq",
-            (delivery_id, delivery_id + ".", delivery_id + "/"),
+            f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts WHERE {of_record('delivery_id', '?1')}"
+            " ORDER BY delivery_id, seq",
+            (delivery_id,),
         )
         return [dict(r) for r in rows]
 
