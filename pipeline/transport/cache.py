@@ -56,6 +56,8 @@ _AS_IS = (bytes, Model)
 class CachedTable(faust.Table):
     _dirty: Optional[dict] = None
     _flushing = False
+    #: :meth:`_codecs`' answer once found (False: not yet)
+    _direct_codecs: Any = False
 
     def caching(self) -> bool:
         """True when the producer flushes table caches (our transport) and the
@@ -122,26 +124,22 @@ class CachedTable(faust.Table):
         its sensor calls and its callback per entry (a lane's "calling" marks: one
         entry per take, awaited before the calls). Once written, the store learns
         the entry's offset, as Faust's ``_on_changelog_sent`` tells it. Faust's own
-        path where ours does not apply: another producer, no explicit partition, a
-        topic whose partitions are not known yet, a transaction."""
+        path where ours does not apply: another producer (or Faust's threaded one),
+        no explicit partition, a transaction."""
         producer = self.app.producer
         enqueue = getattr(producer, "enqueue_entry", None)
-        topic = self.changelog_topic
-        name = topic.get_topic_name()
-        if (enqueue is None or partition is None or self.app.in_transaction
-                or not producer.enqueues(name)):
+        if enqueue is None or partition is None or self.app.in_transaction or not producer.writes_directly():
             return super().send_changelog(partition, key, value, key_serializer, value_serializer)
-        if (key_serializer is None and value_serializer is None and value is not None
-                and not isinstance(key, _AS_IS) and not isinstance(value, _AS_IS)):
-            codecs = self._codecs()
-        else:
-            codecs = None
+        topic = self.changelog_topic
+        plain = (key_serializer is None and value_serializer is None and value is not None
+                 and not isinstance(key, _AS_IS) and not isinstance(value, _AS_IS))
+        codecs = self._codecs() if plain else None
         if codecs is not None:  # the common change: a plain key and value, the table's codecs
             k, v, headers = codecs[0].dumps(key), codecs[1].dumps(value), {}
         else:
             k, headers = topic.prepare_key(key, key_serializer or self.key_serializer, None, {})
             v, headers = topic.prepare_value(value, value_serializer or self.value_serializer, None, headers)
-        fut = enqueue(name, partition, k, v, headers)
+        fut = enqueue(topic.get_topic_name(), partition, k, v, headers)
         fut.add_done_callback(self._on_sent)
         return fut
 
@@ -149,14 +147,14 @@ class CachedTable(faust.Table):
         """The codecs Faust's registry picks for this changelog's plain keys and values
         (``Registry.dumps_key``/``dumps_value`` with the table's serializers), found
         once; None where it would not use one (they go through ``prepare_key``)."""
-        found = self.__dict__.get("_direct_codecs", False)
+        found = self._direct_codecs
         if found is False:
             schema, reg = self.changelog_topic.schema, self.app.serializers
             ks = reg._serializer(schema.key_type, self.key_serializer or schema.key_serializer, reg.key_serializer)
             vs = reg._serializer(schema.value_type, self.value_serializer or schema.value_serializer,
                                  reg.value_serializer)
             found = (get_codec(ks), get_codec(vs)) if ks and vs else None
-            self.__dict__["_direct_codecs"] = found
+            self._direct_codecs = found
         return found
 
     def _on_sent(self, fut: "asyncio.Future") -> None:

@@ -189,10 +189,10 @@ class Producer(base.Producer):
             partition = transport.partition_for(topic, key)
         self._enqueue(topic, partition, key, value, None, None, False)
 
-    def enqueues(self, topic: str) -> bool:
-        """Whether :meth:`enqueue_entry` may be used for ``topic``: the producer is
-        not Faust's threaded one and the topic's partitions are known."""
-        return not self.app.conf.producer_threaded and self.transport.partitions_cached(topic) is not None
+    def writes_directly(self) -> bool:
+        """Whether entries go straight into our batches (:meth:`enqueue_entry`,
+        :meth:`send_soon`): not when the app runs Faust's threaded producer."""
+        return not self.app.conf.producer_threaded
 
     def enqueue_entry(self, topic: str, partition: int, key: Optional[bytes], value: Optional[bytes],
                       headers: Any = None) -> "asyncio.Future[RecordMetadata]":
@@ -209,7 +209,7 @@ class Producer(base.Producer):
         chan = msg.channel
         topic = chan.get_topic_name() if isinstance(chan, TopicT) else None
         partition = msg.partition
-        if topic is None or self.app.conf.producer_threaded or (
+        if topic is None or not self.writes_directly() or (
             partition is None and self.transport.partitions_cached(topic) is None
         ):
             self.buffer.put(fut)  # Faust's path: resolves the topic and partitions first

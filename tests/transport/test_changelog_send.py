@@ -22,7 +22,7 @@ class Producer:
         self.entries: list[tuple] = []  # (topic, partition, key, value, headers)
         self.soon: list = []  # Faust's FutureMessages
 
-    def enqueues(self, topic: str) -> bool:
+    def writes_directly(self) -> bool:
         return self.direct
 
     def enqueue_entry(self, topic, partition, key, value, headers=None):
