@@ -83,14 +83,74 @@ MAX_RESENDS = 3
 RECEIVE_WINDOW = 16 * 1024 * 1024
 
 
+def _static_indexes() -> tuple[dict[tuple[bytes, bytes], bytes], dict[bytes, int]]:
+    """HPACK's static table (RFC 7541 Appendix A): each (name, value) → its indexed
+    field, ready to write; each name → its first index."""
+    exact: dict[tuple[bytes, bytes], bytes] = {}
+    names: dict[bytes, int] = {}
+    for i, (name, value) in enumerate(hpack.table.HeaderTable.STATIC_TABLE, 1):
+        exact.setdefault((name, value), bytes(_integer(i, 7, 0x80)))
+        names.setdefault(name, i)
+    return exact, names
+
+
+def _integer(n: int, prefix: int, first: int) -> bytes:
+    """An HPACK integer of ``prefix`` bits, its first byte's other bits ``first``
+    (RFC 7541 5.1)."""
+    if n < (1 << prefix) - 1:
+        return bytes((first | n,))
+    b = bytearray(hpack.hpack.encode_integer(n, prefix))
+    b[0] |= first
+    return bytes(b)
+
+
 class _Encoder(hpack.Encoder):
-    """HPACK without Huffman coding: h2 Huffman-codes every literal in pure Python
-    (the provider JWT, which is never indexed, the device token, the apns-id on
-    every request), a tenth of the client's CPU per call; plain literals cost
-    some 100 bytes a request more on the wire."""
+    """HPACK with neither Huffman coding nor the dynamic table: a field of the
+    static table is written as its index, any other as a literal *without
+    indexing* (its name by index where the static table has it; never indexed for
+    the fields h2 marks sensitive, the provider's bearer token). RFC 7541 lets an
+    encoder choose so; the server's decoder reads it as ever.
+
+    hpack's encoder Huffman-codes every literal in pure Python, and adds every
+    literal to the dynamic table, where the device token's path, the apns-id and
+    the collapse id of every request push out what repeats, so that each field
+    was looked for in a linear search of a full table (bench/RESULTS.md
+    "real-calls"). Here a field is one or two dict lookups; the requests are
+    ~150 bytes longer on the wire. A table size the server sets is still signalled
+    at the start of the next block (RFC 7541 4.2); with nothing ever added, no
+    entry is evicted."""
+
+    _exact, _names = _static_indexes()
 
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        return super().encode(headers, huffman=False)
+        block = []
+        if self.header_table.resized:
+            block.append(self._encode_table_size_change())
+            self.header_table.resized = False
+        exact, names = self._exact, self._names
+        for header in headers:
+            name, value = header[0], header[1]
+            if isinstance(name, str):
+                name = name.encode("utf-8")
+            if isinstance(value, str):
+                value = value.encode("utf-8")
+            indexed = exact.get((name, value))
+            if indexed is not None:
+                block.append(indexed)
+                continue
+            never = (not header.indexable) if isinstance(header, hpack.HeaderTuple) else (
+                len(header) > 2 and bool(header[2]))
+            first = 0x10 if never else 0x00  # 0001: never indexed, 0000: without indexing
+            i = names.get(name)
+            if i is not None:
+                block.append(_integer(i, 4, first))
+            else:
+                block.append(bytes((first,)))
+                block.append(_integer(len(name), 7, 0))
+                block.append(name)
+            block.append(_integer(len(value), 7, 0))
+            block.append(value)
+        return b"".join(block)
 
 
 class _Refused(Exception):

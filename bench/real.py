@@ -6,7 +6,7 @@ campaign burst of N events (several recipients each, every channel) while OTPs
 arrive at 20/s throughout; then the same run with ``--providers fake`` (in-process
 fakes answering at once), for the ratio.
 
-    .venv/bin/python bench/real.py [--events 50000] [--otp-rate 20] [--providers simulators,fake] [--section real-run]
+    .venv/bin/python bench/real.py [--events 50000] [--otp-rate 20] [--providers simulators,fake] [--calls] [--section real-run]
 
 Reported per run: notifications/s (99% of the campaign's records over the time
 from its first acceptance until 99% of them settled, i.e. reached their first
@@ -101,9 +101,11 @@ def pct(xs: list, p: float) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * p))] if xs else float("nan")
 
 
-def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: float) -> dict:
+def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: float, calls: bool = False) -> dict:
     data = Path(tempfile.mkdtemp(prefix=f"real-{providers}-"))
     env = dict(os.environ, NOTIFY_DATA_DIR=str(data), PYTHONPATH=str(ROOT))
+    if calls:  # every worker under cProfile (config/environment.py NOTIFY_PROFILE_DIR)
+        env["NOTIFY_PROFILE_DIR"] = str(data / "profiles")
     env.pop("REDIS_URL", None)
     log = open(data / "run.log", "w")
     run = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--metrics-port", "0", "--api-port",
@@ -169,9 +171,19 @@ def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: flo
                 waited[name] = waited_for_a_core(pid) - wait0.get(pid, 0)
         r = report(db, elapsed, cpu, providers)
         r["waited"] = waited
-        return r
     finally:
         stop_process(run, 60)
+    if calls:
+        r["calls"] = main_worker_calls(data / "profiles")
+    return r
+
+
+def main_worker_calls(profiles: Path) -> int:
+    """Python function calls of the main workers (their profiles, written as they
+    stopped: their start and table recovery included, as bench/e2e.py --calls)."""
+    import pstats
+
+    return sum(pstats.Stats(str(p)).total_calls for p in sorted(profiles.glob("worker-main-*.prof")))
 
 
 def waited_for_a_core(pid: int) -> float:
@@ -231,10 +243,14 @@ def main() -> None:
     ap.add_argument("--otp-rate", type=float, default=20.0)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--providers", default="simulators,fake", help="the runs, in order (comma-separated)")
+    ap.add_argument("--calls", action="store_true",
+                    help="the workers under cProfile: Python calls per record of the main workers (slower; "
+                         "compare counts, not rates)")
     ap.add_argument("--section", default="real-run",
                     help="the generated section of bench/RESULTS.md this run writes ('' writes none)")
     args = ap.parse_args()
-    results = [run(p, args.events, args.users, args.otp_rate, args.timeout) for p in args.providers.split(",")]
+    results = [run(p, args.events, args.users, args.otp_rate, args.timeout, args.calls)
+               for p in args.providers.split(",")]
     lines = ["| providers | records | notifications/s | 99% / all settled s | OTPs | OTP → provider call p50 / p99 / max ms | "
              "OTP → ACCEPTED/DELIVERED p50 / p99 / max ms | terminal ≤ 60 s high / normal / low |",
              "|---|---:|---:|---:|---:|---|---|---|"]
@@ -253,6 +269,9 @@ def main() -> None:
         records = max(r["records"], 1)
         main_s = sum(s for name, s in r["cpu"].items() if "--role main" in name)
         lines.append(f"  main workers: {main_s:.1f} s, {main_s / records * 1000:.3f} ms per record")
+        if "calls" in r:
+            lines.append(f"  main workers' Python calls (cProfile, their start included): {r['calls']:,}, "
+                         f"{r['calls'] / records:,.0f} per record")
         ours = sum(s for name, s in r["cpu"].items() if "adapters.simulators" not in name)
         lines.append(f"  the pipeline (all but the simulators: workers, API, broker): {ours:.1f} s, "
                      f"{ours / records * 1000:.3f} ms per record\n```")

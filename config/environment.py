@@ -51,6 +51,7 @@ class Environment:
     free_ports: str = _knob("NOTIFY_FREE_PORTS", "", "lo-hi: where a port for a server of ours is picked (default: from 10000 to below the kernel's ephemeral range)")
     loop: str = _knob("NOTIFY_LOOP", "uvloop", "uvloop | asyncio: a worker's event loop")
     debug: bool = _knob("NOTIFY_DEBUG", False, "CLI errors with their traceback")
+    profile_dir: Optional[str] = _knob("NOTIFY_PROFILE_DIR", None, "a worker runs under cProfile and writes <dir>/worker-<role>-<pid>.prof when it stops (bench/real.py --calls)")
     # -- tuning of the hot path ----------------------------------------------------
     slice_ms: float = _knob("NOTIFY_SLICE_MS", 2.0, "longest an agent runs before it yields to the others (ms)")
     record_within_ms: float = _knob("NOTIFY_RECORD_WITHIN_MS", 20.0, "how long an outcome waits for company before its records are written (ms)")

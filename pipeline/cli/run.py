@@ -197,7 +197,19 @@ def cmd_worker(args) -> int:
     # (pipeline/redact.py) to be dropped by the handler. Without it the root logger stays
     # at --loglevel: 3.4% of the priority worker's samples under `notify demo` were these.
     worker.spinner = None
-    worker.execute_from_commandline()
+    if not env.profile_dir:
+        worker.execute_from_commandline()
+        return 0
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        profile.disable()
+        os.makedirs(env.profile_dir, exist_ok=True)
+        profile.dump_stats(os.path.join(env.profile_dir, f"worker-{role}-{os.getpid()}.prof"))
     return 0
 
 

@@ -30,6 +30,7 @@ from pipeline.models import AttemptResult
 
 MAX = h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
 WINDOW = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
+TABLE = h2.settings.SettingCodes.HEADER_TABLE_SIZE
 
 
 class Judge:
@@ -49,11 +50,13 @@ class Judge:
 
     def __init__(self, *, max_streams: int = 2, window: int = 64, delay: float = 0.005, goaway_after: Optional[int] = None,
                  goaway_hard: bool = False, refuse_first: bool = False, silent: bool = False,
-                 drop_after: Optional[int] = None, raise_streams_to: Optional[int] = None) -> None:
+                 drop_after: Optional[int] = None, raise_streams_to: Optional[int] = None,
+                 header_table_size: Optional[int] = None) -> None:
         self.max_streams, self.window, self.delay = max_streams, window, delay
         self.goaway_after, self.goaway_hard = goaway_after, goaway_hard
         self.refuse_first, self.silent, self.drop_after = refuse_first, silent, drop_after
         self.raise_streams_to = raise_streams_to
+        self.header_table_size = header_table_size  #: SETTINGS_HEADER_TABLE_SIZE it announces (None: the default)
         self.connections = 0
         self.max_open = 0  #: most streams open at once on a connection
         self.too_many = 0  #: streams opened beyond max_streams
@@ -99,8 +102,10 @@ class _JudgeProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.judge.connections += 1
         self.judge._protocols.add(self)
-        self.conn.local_settings = h2.settings.Settings(
-            client=False, initial_values={MAX: self.judge.max_streams, WINDOW: self.judge.window})
+        initial = {MAX: self.judge.max_streams, WINDOW: self.judge.window}
+        if self.judge.header_table_size is not None:
+            initial[TABLE] = self.judge.header_table_size
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values=initial)
         self.conn.initiate_connection()
         self.flush()
 
@@ -420,5 +425,23 @@ async def test_pushes_started_in_one_turn_leave_in_one_write(make_delivery):
             assert [r.result for r in results] == [AttemptResult.ACCEPTED] * 20 and judge.bad == []
             requests = [w for w in writes if w > 200]  # window updates and pings are a few bytes
             assert len(requests) == 1, writes
+        finally:
+            await p.close()
+
+
+async def test_headers_arrive_whole_with_a_header_table_the_server_shrank(make_delivery):
+    """Our HPACK encoder (adapters/_h2.py ``_Encoder``: no Huffman, no dynamic table)
+    read by h2's server-side decoder: a server that announces a header table of 0
+    bytes gets the size update first, and every push's path, apns-id and bearer
+    token arrive as sent, over several blocks of one connection."""
+    async with Judge(max_streams=100, window=65535, header_table_size=0) as judge:
+        p = apns_for(judge)
+        try:
+            results = await send_many(p, make_delivery, 30)
+            assert [r.result for r in results] == [AttemptResult.ACCEPTED] * 30 and judge.bad == []
+            assert sorted(r["headers"][":path"] for r in judge.processed) == [f"/3/device/{i:064x}" for i in range(30)]
+            assert sorted(apns_ids(judge)) == sorted(r.provider_msg_id for r in results)
+            assert {r["headers"]["authorization"] for r in judge.processed} == {f"bearer {p.bearer_token()}"}
+            assert {r["headers"]["apns-topic"] for r in judge.processed} == {"com.example.judge"}
         finally:
             await p.close()
