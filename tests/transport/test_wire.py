@@ -245,3 +245,42 @@ async def test_run_commands_raises_the_first_error_or_returns_it_on_both_paths(r
                 await run_commands(client, w, commands)
             ok, err, value = await run_commands(client, w, commands, raise_on_error=False)
             assert ok in (True, b"OK") and isinstance(err, ResponseError) and value == b"v"
+
+
+async def test_one_call_for_every_partition_of_a_flush_and_an_error_stays_with_its_partition(redis_url, redis_sync):
+    """To one server a batch is one ``EVALSHA PRODUCE_MANY`` (pipeline/transport/produce.py):
+    the same offsets and entries as one PRODUCE per partition (what a cluster gets);
+    a fenced partition and one whose stream key holds another type fail alone,
+    with the error PRODUCE answers, and write nothing."""
+    async with _client_and_wire(redis_url) as (client, wire):
+        await load_produce(client)
+
+        async def flush(together: bool) -> list:
+            redis_sync.set(KEYS.stream("w.bad", 0), "not a stream")
+            batch = ProduceBatch(client, KEYS, wire)
+            batch.together = together
+            batch.add("w.t", 0, "", ENTRIES)
+            batch.add("w.fenced", 0, "token-of-nobody", ENTRIES)
+            batch.add("w.bad", 0, "", ENTRIES[:1])
+            batch.add("w.t", 1, "", ENTRIES[1:])
+            return await batch.run()
+
+        redis_sync.config_resetstat()
+        apart = await flush(False)
+        assert redis_sync.info("commandstats")["cmdstat_evalsha"]["calls"] == 4
+        streams_apart = {p: redis_sync.xrange(KEYS.stream("w.t", p)) for p in (0, 1)}
+        redis_sync.flushall()
+        await load_produce(client)
+        redis_sync.config_resetstat()
+        together = await flush(True)
+        assert redis_sync.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
+        streams_together = {p: redis_sync.xrange(KEYS.stream("w.t", p)) for p in (0, 1)}
+        assert together[0] == apart[0] == 0 and together[3] == apart[3] == 0
+        assert isinstance(together[1], ResponseError) and str(together[1]) == str(apart[1])
+        # a command's error: its text (PRODUCE's error reply adds where in the script it was)
+        assert isinstance(together[2], ResponseError) and str(apart[2]).startswith(str(together[2]).rstrip(")"))
+        assert str(together[1]).startswith("FENCED") and str(together[2]).startswith("WRONGTYPE")
+        assert not redis_sync.exists(KEYS.stream("w.fenced", 0))
+        strip = lambda s: {k: [(i, {f: v for f, v in fields.items() if f != b"t"}) for i, fields in e]
+                           for k, e in s.items()}
+        assert strip(streams_together) == strip(streams_apart) and len(streams_together[0]) == 3
