@@ -14,8 +14,9 @@ Two parts, neither in the way of a delivery:
   (``callback``: the event names a URL or its producer has a default,
   :meth:`Callbacks.wanted`), its deliveries and outcomes carry the mark, and
   :meth:`agents.emit.Emit.outcomes` sends a marked outcome on that stream beside
-  ``notify.outcomes`` (a receipt's outcome is marked by looking its event up,
-  :meth:`Callbacks.wanted_keys`). So the outcomes of the events nobody asked to
+  ``notify.outcomes`` (a receipt's or a poll's outcome by what its record keeps,
+  the store's ``callback`` column, :meth:`Callbacks.heard`; a record written
+  before the column by looking its event up, :meth:`Callbacks.wanted_keys`). So the outcomes of the events nobody asked to
   hear of are never read back (before, this agent read every outcome: a fifth of
   a main worker's CPU per record, bench/RESULTS.md "real: what the default
   configuration costs"). The agent takes what is ready, finds each event's
@@ -191,6 +192,19 @@ class Callbacks:
         if not self.cfg.enabled:
             return set()
         return {k for k, url in (await self.targets(keys)).items() if url}
+
+    async def heard(self, rows: list[dict]) -> list[bool]:
+        """For each record row (the record store's, with its ``callback`` column),
+        whether its event's producer hears of its state changes: what the record
+        keeps (the flag expand set on its intents, written with its first outcome),
+        without a broker read; for a row written before the store kept it (NULL),
+        the event's target looked up (:meth:`wanted_keys`)."""
+        if not self.cfg.enabled:
+            return [False] * len(rows)
+        unknown = [(r.get("producer") or "", r["biz_key"]) for r in rows if r.get("callback") is None]
+        looked_up = await self.wanted_keys(unknown) if unknown else set()
+        return [bool(r["callback"]) if r.get("callback") is not None else
+                (r.get("producer") or "", r["biz_key"]) in looked_up for r in rows]
 
     async def remember(self, ev: Event) -> None:
         """An event's own callback URL, for the outcomes to come (expand, before it plans

@@ -134,12 +134,11 @@ class Polls:
             polled_total.labels(r["provider"], q.status).inc()
         if not decided:
             return
-        heard = await self.callbacks.wanted_keys([(r.get("producer") or "", r["biz_key"]) for r, _ in decided])
+        heard = await self.callbacks.heard([r for r, _ in decided])
         await self.emit.outcomes([
             record_outcome(r, q.status, now, reason="polled", provider=r["provider"],
-                           provider_msg_id=q.provider_msg_id or r.get("provider_msg_id"),
-                           callback=(r.get("producer") or "", r["biz_key"]) in heard)
-            for r, q in decided])
+                           provider_msg_id=q.provider_msg_id or r.get("provider_msg_id"), callback=h)
+            for (r, q), h in zip(decided, heard, strict=True)])
         # written (the outcome stream, the records) before the cursor passes them
         await self.app.producer.flush()
 

@@ -30,7 +30,7 @@ from pipeline.take import take_ready
 __all__ = ["Receipts", "register"]
 
 MAX_TRIES = 5
-#: receipts handled together (one store read, one callback lookup, one write of outcomes)
+#: receipts handled together (one store read, one write of outcomes)
 TAKE = 200
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ class Receipts:
         self.callbacks = callbacks
 
     async def receipts(self, stream):
-        """A take of receipts at a time (:meth:`match_many`): one store read and one
-        callback lookup per take instead of per receipt. A take that fails on
+        """A take of receipts at a time (:meth:`match_many`): one store read per take
+        instead of per receipt (whether a producer hears of it: the records say). A take that fails on
         something other than a transient error is handled again one receipt at a
         time, each contained: only the bad receipt is dead-lettered."""
         dlq = self.app.declared.dlq
@@ -88,14 +88,13 @@ class Receipts:
                 matched.append((r, rows))
         if not matched:
             return
-        heard = await self.callbacks.wanted_keys(
-            [(row.get("producer") or "", row["biz_key"]) for _r, rows in matched for row in rows])
+        heard = iter(await self.callbacks.heard([row for _r, rows in matched for row in rows]))
         outcomes = []
         for r, rows in matched:
             state = State.DELIVERED if r.status == "DELIVERED" else State.UNDELIVERED
             outcomes.extend(record_outcome(
                 row, state, r.at or time.time(), reason=r.error, provider=r.provider,
-                provider_msg_id=r.provider_msg_id, callback=(row.get("producer") or "", row["biz_key"]) in heard)
+                provider_msg_id=r.provider_msg_id, callback=next(heard))
                 for row in rows)
         await emit.outcomes(outcomes)
         for r, rows in matched:

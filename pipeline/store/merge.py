@@ -17,7 +17,7 @@ from ..models import State
 from ..rules.states import RANK, TERMINAL
 from . import devices as devices_mod
 from .schema import (
-    _ACCEPTED, _CH, _CREATED, _DELIVERED, _DID, _IX, _LATENCY, _MKEY, _MSG, _PKEY, _PREFV, _PROV,
+    _ACCEPTED, _CALLBACK, _CH, _CREATED, _DELIVERED, _DID, _IX, _LATENCY, _MKEY, _MSG, _PKEY, _PREFV, _PROV,
     _REASON, _RETRY, _SCHEDULED, _SENT, _SKEY, _STATUS, _TPLV, _UPDATED,
 )  # fmt: skip
 
@@ -66,6 +66,7 @@ def _row(o: Any) -> list[Any]:
         acc, latency, o.producer or "", o.pref_version or None,
         at if state == _STATE_SCHEDULED else None,
         getattr(o, "template_version", 0) or None,
+        1 if getattr(o, "callback", False) else 0,
     ]  # fmt: skip
 
 
@@ -98,6 +99,8 @@ def _merge_rows(a: list[Any], b: list[Any]) -> None:
     for i in (_PREFV, _TPLV):
         if b[i] is not None and (a[i] is None or b[i] > a[i]):
             a[i] = b[i]
+    if b[_CALLBACK] > a[_CALLBACK]:
+        a[_CALLBACK] = b[_CALLBACK]
 
 
 def _attempt_row(o: Any, a: Any) -> tuple[Any, ...]:

@@ -105,6 +105,7 @@ CREATE TABLE IF NOT EXISTS notify_record (
     pref_version    INTEGER,
     scheduled_at    REAL,
     template_version INTEGER,
+    callback        INTEGER,
     UNIQUE (producer, biz_key, user_id, channel)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS ux_record_delivery ON notify_record (delivery_id);
@@ -255,14 +256,18 @@ _ROW_COLUMNS = (
     "status", "reason", "state_key",
     "provider", "provider_key", "provider_msg_id", "msg_key",
     "retry_count", "created_at", "updated_at", "sent_at", "delivered_at", "accepted_at",
-    "latency_ms", "producer", "pref_version", "scheduled_at", "template_version",
+    "latency_ms", "producer", "pref_version", "scheduled_at", "template_version", "callback",
 )  # fmt: skip
 (
     _DID, _NID, _BIZ, _UID, _CH, _TPL, _CAT, _PRI,
     _STATUS, _REASON, _SKEY,
     _PROV, _PKEY, _MSG, _MKEY,
     _RETRY, _CREATED, _UPDATED, _SENT, _DELIVERED, _ACCEPTED, _LATENCY, _PRODUCER, _PREFV, _SCHEDULED, _TPLV,
+    _CALLBACK,
 ) = range(len(_ROW_COLUMNS))  # fmt: skip
+#: columns a store made before them gets by ``ALTER TABLE ... ADD COLUMN`` (nullable,
+#: no rule of their own: no rebuild): NULL in the rows written before
+_ADDED_COLUMNS = {"callback": "INTEGER"}
 #: the positions devices.row reads
 _IX = SimpleNamespace(STATUS=_STATUS, REASON=_REASON, SKEY=_SKEY, PROV=_PROV, PKEY=_PKEY, MSG=_MSG, MKEY=_MKEY,
                       RETRY=_RETRY, CREATED=_CREATED, UPDATED=_UPDATED, SENT=_SENT, DELIVERED=_DELIVERED,
@@ -315,6 +320,9 @@ _UPSERT = (
             f"scheduled_at = {_least('scheduled_at')}",
             "template_version = coalesce(max(template_version, excluded.template_version), template_version,"
             " excluded.template_version)",
+            # whether its event's producer hears of its state changes (agents/callbacks.py): 1 once an
+            # outcome said so; NULL only in rows written before the column
+            "callback = max(coalesce(callback, 0), excluded.callback)",
         )
     )
 )

@@ -44,7 +44,8 @@ from .merge import _K, batch_rows, fold
 from .turn import WriteTurn
 from .urgent import UrgentFirstLock
 from .schema import (
-    _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS, RECORD_COLUMNS,
+    _ADDED_COLUMNS, _INSERT_ATTEMPT, _OBJECTS, _RECORD_SELECT, _ROW_COLUMNS, _SCHEMA, _UPSERT, ATTEMPT_COLUMNS,
+    RECORD_COLUMNS,
     _rebuild_sql, of_record,
 )  # fmt: skip
 
@@ -216,10 +217,29 @@ class RecordStore:
         cols = [r[1] for r in await db.execute_fetchall("PRAGMA table_info(notify_record)")]
         if not cols or all(c in cols for c in _ROW_COLUMNS):
             return
+        if all(c in cols or c in _ADDED_COLUMNS for c in _ROW_COLUMNS):
+            await self._add_columns(db)
+            return
         keep = ", ".join(c for c in _ROW_COLUMNS if c in cols)
         log.warning("%s: adding %s to notify_record (one-time rebuild)", self.path,
                     ", ".join(c for c in _ROW_COLUMNS if c not in cols))
         await db.executescript(_rebuild_sql(keep))
+
+    async def _add_columns(self, db: aiosqlite.Connection) -> None:
+        """Columns added without a rebuild (schema.py ``_ADDED_COLUMNS``), in one
+        IMMEDIATE transaction: a process opening the same file at the same time
+        finds them added."""
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            cols = [r[1] for r in await db.execute_fetchall("PRAGMA table_info(notify_record)")]
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in cols:
+                    log.warning("%s: adding %s to notify_record", self.path, name)
+                    await db.execute(f"ALTER TABLE notify_record ADD COLUMN {name} {kind}")
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
 
     async def _pragmas(self, db: aiosqlite.Connection) -> None:
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
@@ -590,7 +610,7 @@ class RecordStore:
             return []
         marks = ", ".join("?" * len(providers))
         rows = await self._read(
-            f"SELECT {_RECORD_SELECT} FROM notify_record INDEXED BY ix_record_awaiting"
+            f"SELECT {_RECORD_SELECT}, callback FROM notify_record INDEXED BY ix_record_awaiting"
             f" WHERE status = 'ACCEPTED' AND sent_at <= ? AND (sent_at, delivery_id) > (?, ?)"
             f" AND provider IN ({marks}) ORDER BY sent_at, delivery_id LIMIT ?",
             (until, after[0], after[1], *providers, limit))
@@ -623,10 +643,11 @@ class RecordStore:
             chunk = wanted[i:i + 500]
             marks = ", ".join("?" * len(chunk))
             devices = [dict(r) for r in await self._read(
-                f"SELECT {_DEVICE_AS_RECORD}, d.provider_msg_id AS _matched FROM device_deliveries d JOIN notify_record r"
+                f"SELECT {_DEVICE_AS_RECORD}, r.callback, d.provider_msg_id AS _matched"
+                f" FROM device_deliveries d JOIN notify_record r"
                 f" ON r.delivery_id = d.record_id WHERE d.provider_msg_id IN ({marks})", chunk)]
             records = [dict(r) for r in await self._read(
-                f"SELECT {_RECORD_SELECT} FROM notify_record WHERE provider_msg_id IN ({marks})", chunk)]
+                f"SELECT {_RECORD_SELECT}, callback FROM notify_record WHERE provider_msg_id IN ({marks})", chunk)]
             shown = {(d["_matched"], ids.record_id(d["delivery_id"])) for d in devices}
             for r in records:
                 if (r["provider_msg_id"], r["delivery_id"]) not in shown:

@@ -274,6 +274,7 @@ def outcome_streams(draw):
                 retry_count=draw(st.integers(0, 3)),
                 accepted_at=draw(st.sampled_from([0.0, 0.5])),
                 latency_ms=draw(st.sampled_from([0.0, 40.0])),
+                callback=draw(st.booleans()),
             )
         )
     return out
@@ -325,6 +326,8 @@ def model(outcomes):
             "user_id": os_[0].user_id,
             "channel": os_[0].channel,
             "notification_id": os_[0].notification_id,
+            # its producer hears of it (agents/callbacks.py): once any outcome said so
+            "callback": int(any(o.callback for o in os_)),
         }
     return rows
 
@@ -345,6 +348,7 @@ async def replay(path, outcome_batches):
         got = {}
         for did in {o.delivery_id for b in outcome_batches for o in b}:
             [row] = await s.get(did)
+            [(row["callback"],)] = await s._read("SELECT callback FROM notify_record WHERE delivery_id = ?", (did,))
             got[did] = row
         attempts = {did: await s.attempts(did) for did in got}
     return got, attempts
@@ -454,3 +458,43 @@ async def test_counts_today(store):
         State.FAILED: {"invalid_number": 1},
     }
     assert list(counts["states"]) == [State.PENDING, State.FILTERED, State.FAILED, State.ACCEPTED, State.DELIVERED]
+
+
+async def test_a_store_made_before_the_callback_column_gets_it_without_a_rebuild(tmp_path):
+    """A file whose notify_record has no ``callback`` column (made before it): opening
+    it adds the column (ALTER TABLE, the rows and their ids kept), NULL in the rows
+    written before: Callbacks.heard then looks their events up; the rows written
+    after keep what their outcomes said."""
+    path = str(tmp_path / "old.db")
+    async with RecordStore(path) as s:
+        await s.apply_outcomes([outcome("ACCEPTED", 1.0, user_id="u1", provider="a", provider_msg_id="SM1")])
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE notify_record DROP COLUMN callback")
+    con.commit()
+    before = con.execute("SELECT id, delivery_id FROM notify_record").fetchall()
+    con.close()
+    async with RecordStore(path) as s:
+        await s.apply_outcomes([outcome("ACCEPTED", 2.0, user_id="u2", provider="a", provider_msg_id="SM2",
+                                        callback=True)])
+        found = await s.by_provider_msg_ids(["SM1", "SM2"])
+    assert [r["callback"] for r in found["SM1"]] == [None] and [r["callback"] for r in found["SM2"]] == [1]
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT id, delivery_id FROM notify_record WHERE user_id = 'u1'").fetchall() == before
+    con.close()
+
+    from types import SimpleNamespace
+
+    from agents.callbacks import Callbacks
+
+    looked_up = []
+
+    async def wanted_keys(keys):
+        looked_up.append(keys)
+        return set(keys)
+
+    cb = SimpleNamespace(cfg=SimpleNamespace(enabled=True), wanted_keys=wanted_keys)
+    rows = found["SM1"] + found["SM2"]
+    assert await Callbacks.heard(cb, rows) == [True, True]
+    assert looked_up == [[("", "order_shipped:1")]]  # the old row only
+    cb.cfg.enabled = False
+    assert await Callbacks.heard(cb, rows) == [False, False]
