@@ -102,10 +102,13 @@ class ProduceBatch:
     async def _execute(self, which: Any) -> list[Any]:
         calls = self._calls
         if self.together and len(which) > 1:
-            keys = [k for i in which for k in calls[i][0]]
+            keys: list[Any] = []
+            argv: list[Any] = []
+            for i in which:
+                keys += calls[i][0]
+                argv += calls[i][1]
             [reply] = await run_commands(self.client, self.wire, [
-                ("EVALSHA", PRODUCE_MANY_SHA, len(keys), *keys, *(a for i in which for a in calls[i][1]))],
-                raise_on_error=False)
+                ("EVALSHA", PRODUCE_MANY_SHA, len(keys), *keys, *argv)], raise_on_error=False)
             if isinstance(reply, BaseException):  # NOSCRIPT, or the call refused as a whole
                 return [reply] * len(which)
             return [int(r) if isinstance(r, int) else ResponseError(r.decode() if isinstance(r, bytes) else str(r))
