@@ -10,7 +10,7 @@ the result (:meth:`RecordStore.apply_outcomes`).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from .. import ids
 from ..models import State
@@ -31,14 +31,6 @@ _STATE_SCHEDULED = State.SCHEDULED
 
 # ---------------------------------------------------------------------------
 # outcome → row, and the same merge in Python (to fold a batch before SQL)
-
-
-def _least_py(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a <= b else b
 
 
 def _row(o: Any) -> list[Any]:
@@ -94,8 +86,12 @@ def _merge_rows(a: list[Any], b: list[Any]) -> None:
         a[_CREATED] = b[_CREATED]
     if b[_UPDATED] > a[_UPDATED]:
         a[_UPDATED] = b[_UPDATED]
-    for i in (_SENT, _DELIVERED, _ACCEPTED, _LATENCY, _SCHEDULED):
-        a[i] = _least_py(a[i], b[i])
+    for i in (_SENT, _DELIVERED, _ACCEPTED, _LATENCY, _SCHEDULED):  # the least that is not None
+        bi = b[i]
+        if bi is not None:
+            ai = a[i]
+            if ai is None or bi < ai:
+                a[i] = bi
     for i in (_PREFV, _TPLV):
         if b[i] is not None and (a[i] is None or b[i] > a[i]):
             a[i] = b[i]
@@ -106,26 +102,33 @@ def _merge_rows(a: list[Any], b: list[Any]) -> None:
 def _attempt_row(o: Any, a: Any) -> tuple[Any, ...]:
     if isinstance(a, dict):  # an Outcome built from raw JSON without coercion
         get = a.get
-    else:
-        def get(name: str, default: Any = None) -> Any:
-            return getattr(a, name, default)
-
-    result = get("result")
+        seq, channel, provider, started_at, result = (
+            get("seq"), get("channel"), get("provider"), get("started_at", 0.0), get("result"))
+        next_at, latency_ms, retry_after, msg, error, did = (
+            get("next_at"), get("latency_ms"), get("retry_after"), get("provider_msg_id"), get("error"),
+            get("delivery_id"))
+    else:  # an Attempt record: its fields (None where one is missing)
+        seq, channel, provider, started_at, result = (
+            getattr(a, "seq", None), getattr(a, "channel", None), getattr(a, "provider", None),
+            getattr(a, "started_at", 0.0), getattr(a, "result", None))
+        next_at, latency_ms, retry_after, msg, error, did = (
+            getattr(a, "next_at", None), getattr(a, "latency_ms", None), getattr(a, "retry_after", None),
+            getattr(a, "provider_msg_id", None), getattr(a, "error", None), getattr(a, "delivery_id", None))
     if not isinstance(result, str) or not result:
         raise ValueError(f"attempt without a result: {a!r}")
     return (
         o.notification_id,
-        int(get("seq")),
-        get("channel") or o.channel,
-        get("provider") or o.provider or "",
-        float(get("started_at", 0.0)),
+        int(seq),
+        channel or o.channel,
+        provider or o.provider or "",
+        float(started_at),
         result,
-        get("next_at"),
-        get("latency_ms"),
-        get("retry_after"),
-        get("provider_msg_id"),
-        get("error"),
-        get("delivery_id") or o.delivery_id,
+        next_at,
+        latency_ms,
+        retry_after,
+        msg,
+        error,
+        did or o.delivery_id,
     )
 
 

@@ -22,7 +22,7 @@ from .compactor import Schedule, compact_partition
 from .drain import FastDrain, keep_buffers_on_resume
 from .holds import CommitHolds
 from .integrity import REWRITE_COMMITTED, Verdict, check, rewrite_committed, stream_end
-from .keys import after_id, offset_of
+from .keys import offset_of
 from .ownership import SlotLeases
 from .priority import MAIN, PRIORITY, priority_topics
 from .retention import READER_TTL_S, Horizons, trim_horizon, trim_partition
@@ -735,7 +735,9 @@ class Consumer(FastDrain, base.Consumer):
         keys = self.transport.keys
         pos = self._pos
         tp_key = self._tp_key
-        streams = {tp_key.get(tp) or keys.stream(tp.topic, tp.partition): after_id(pos.get(tp, 0)) for tp in tps}
+        # keys.after_id, inline: a round reads every partition of the lane
+        streams = {tp_key.get(tp) or keys.stream(tp.topic, tp.partition):
+                   b"%d-1" % (p - 1) if (p := pos.get(tp, 0)) > 0 else b"0-0" for tp in tps}
         epoch, generation = self._epoch, self._generation
         # A partition paused on a full stream buffer may resume any moment, and a
         # blocked XREAD would not see it until its timeout (which the server only

@@ -37,6 +37,7 @@ Dynamic membership (``?members=dynamic``, see :mod:`.membership`):
 In that mode the group fence hash holds "<topic>|<p>" → "<member>:<gen>".
 """
 
+import functools
 from dataclasses import dataclass
 
 __all__ = ["Keys", "entry_id", "offset_of"]
@@ -71,6 +72,11 @@ class Keys:
 
     def fence(self, topic: str, partition: int) -> str:
         return f"{self.tag(topic, partition)}:f"
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - a few hundred partitions, and Keys lives as long
+    def produce_keys(self, topic: str, partition: int) -> tuple[str, str, str]:
+        """PRODUCE's KEYS of a partition (stream, counter, fence), made once."""
+        return self.stream(topic, partition), self.counter(topic, partition), self.fence(topic, partition)
 
     @property
     def topics(self) -> str:

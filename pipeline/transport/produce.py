@@ -76,15 +76,13 @@ class ProduceBatch:
         self.wire = wire
         #: one server: the partitions in one PRODUCE_MANY call
         self.together = not is_cluster(client)
-        self._calls: list[tuple[list[str], list[Any]]] = []
+        self._calls: list[tuple[Sequence[str], list[Any]]] = []
 
     def __len__(self) -> int:
         return len(self._calls)
 
     def add(self, topic: str, partition: int, token: Any, entries: Sequence[Entry]) -> None:
-        skeys = [self.keys.stream(topic, partition), self.keys.counter(topic, partition),
-                 self.keys.fence(topic, partition)]
-        self._calls.append((skeys, produce_args(token, entries)))
+        self._calls.append((self.keys.produce_keys(topic, partition), produce_args(token, entries)))
 
     async def run(self) -> list[Any]:
         """One result per :meth:`add`, in order: the first offset of its entries, or
