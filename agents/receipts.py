@@ -44,9 +44,10 @@ class Receipts:
 
     async def receipts(self, stream):
         """A take of receipts at a time (:meth:`match_many`): one store read per take
-        instead of per receipt (whether a producer hears of it: the records say). A take that fails on
-        something other than a transient error is handled again one receipt at a
-        time, each contained: only the bad receipt is dead-lettered."""
+        instead of per receipt (whether a producer hears of a change: the records
+        say). A take that fails on something other than a transient error is
+        handled again one receipt at a time, each contained: only the bad receipt
+        is dead-lettered."""
         dlq = self.app.declared.dlq
         async for events in take_ready(stream, TAKE):
             try:
