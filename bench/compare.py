@@ -3,7 +3,13 @@ ceiling (bench/ceiling.py: the same hops by hand on raw Redis Streams) in the sa
 run, one after the other on the same machine; writes the "e2e" section of
 bench/RESULTS.md.
 
-    python bench/compare.py [--events 20000] [--notifications 50000] [--profile] [--no-ceiling]
+    python bench/compare.py [--events 20000] [--notifications 50000] [--rounds 1] [--profile] [--no-ceiling]
+
+``--rounds 2`` runs the three again in the reverse order (pipeline, peer, ceiling;
+then ceiling, peer, pipeline) and reports the ratios of the mean rates: this
+VM's speed drifts by tens of % within minutes, and one sequence of runs gives
+whichever system ran in the slower minutes a lower figure; a drift that is steady
+over the rounds cancels out of the reversed order.
 
 ``--profile`` runs the pipeline a second time with py-spy attached to worker 0 for
 10 s and timing probes around the awaits that can stall a worker (the headline
@@ -41,22 +47,36 @@ def main() -> None:
     ap.add_argument("--notifications", type=int, default=50_000)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the ceiling run (bench/ceiling.py)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of the three runs, every other one in the reverse order; the ratios of the mean rates")
     ap.add_argument("--section", default="e2e", help="section of bench/RESULTS.md to write (e.g. e2e-full for"
                     " the issue's 1,000,000-notification size, --events 390000, kept next to the default run)")
     args = ap.parse_args()
     command = "python bench/compare.py" + (f" --events {args.events}" if args.events != 20_000 else "") + (
         f" --notifications {args.notifications}" if args.notifications != 50_000 else "") + (
         " --profile" if args.profile else "") + (" --no-ceiling" if args.no_ceiling else "") + (
-        f" --section {args.section}" if args.section != "e2e" else "")
+        f" --section {args.section}" if args.section != "e2e" else "") + (
+        f" --rounds {args.rounds}" if args.rounds != 1 else "")
     timeout = max(900.0, args.events / 50)  # the measured window, at 50 events/s at worst
 
-    a = e2e.run(args.events, timeout=timeout)
-    print(f"pipeline: {a.rate:,.0f} notifications/s", flush=True)
-    b = celery_peer.run(args.notifications)
-    print(f"celery peer: {b.rate:,.0f} notifications/s", flush=True)
-    c = None if args.no_ceiling else ceiling.run(args.events, timeout=timeout)
-    if c is not None:
-        print(f"ceiling: {c.rate:,.0f} notifications/s", flush=True)
+    runners = {
+        "pipeline": lambda: e2e.run(args.events, timeout=timeout),
+        "celery peer": lambda: celery_peer.run(args.notifications),
+        **({} if args.no_ceiling else {"ceiling": lambda: ceiling.run(args.events, timeout=timeout)}),
+    }
+    runs: dict[str, list] = {name: [] for name in runners}
+    for r in range(max(1, args.rounds)):
+        for name in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
+            runs[name].append(runners[name]())
+            print(f"{name}: {runs[name][-1].rate:,.0f} notifications/s (round {r + 1})", flush=True)
+    # the first round's runs are the ones described in full; the rates are the rounds' means
+    a, b = runs["pipeline"][0], runs["celery peer"][0]
+    c = runs["ceiling"][0] if "ceiling" in runs else None
+    rates = {name: [x.rate for x in xs] for name, xs in runs.items()}
+    mean = {name: sum(xs) / len(xs) for name, xs in rates.items()}
+    for x, name in ((a, "pipeline"), (b, "celery peer"), (c, "ceiling")):
+        if x is not None:
+            x.rate = mean[name]
     prof = e2e.run(args.events, profile=True, diagnose=True, timeout=timeout) if args.profile else None
 
     ratio = a.rate / b.rate
@@ -68,6 +88,10 @@ def main() -> None:
         f"Machine: {os.cpu_count()} cores. {'All three' if c is not None else 'Both'} on the embedded valkey-server (AOF everysec), fake providers "
         "at zero latency, SQLite records; each run starts its own server and database.",
         "",
+        *([f"{args.rounds} rounds, every other one in the reverse order; notifications/s in the table are the "
+           "rounds' means (each round: " + "; ".join(
+               f"{name} " + " / ".join(f"{r:,.0f}" for r in xs) for name, xs in rates.items())
+           + "); the other columns are the first round's.", ""] if args.rounds > 1 else []),
         "| system | notifications | seconds | notifications/s | CPU s (all components) | notifications per CPU s |",
         "|---|---:|---:|---:|---:|---:|",
         f"| notify-stream: 2 Faust workers, 8 partitions | {a.notifications:,} | {a.seconds:.1f} | **{a.rate:,.0f}** "

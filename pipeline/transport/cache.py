@@ -72,7 +72,8 @@ class CachedTable(faust.Table):
         sensor hears of the read (our workers run without Faust's Monitor:
         pipeline/lean.py). A table with a default or a window keeps Faust's."""
         if self.default is None and self.window is None:
-            return self.data.get(key, default)
+            store = self._data  # Faust's ``data`` property, without its call once the store exists
+            return (store if store is not None else self.data).get(key, default)
         return super().get(key, default)
 
     def on_key_set(self, key: Any, value: Any) -> None:

@@ -148,14 +148,19 @@ class Wire:
         connection too, as redis-py does: the next call must not wait behind
         them."""
         proto = self._proto
-        if proto is None or proto.closed is not None:
+        # a connection the loop closed whose connection_lost has not run yet (it comes
+        # a turn later) is as lost: uvloop refuses a write on it with RuntimeError
+        if proto is None or proto.closed is not None or proto.transport is None or proto.transport.is_closing():
             proto = await self._connect()
         buf = b"".join([hiredis.pack_command(tuple(c)) for c in commands])
         loop = asyncio.get_running_loop()
         call = _Call(loop.create_future(), len(commands))
         proto.calls.append(call)
         assert proto.transport is not None
-        proto.transport.write(buf)
+        try:
+            proto.transport.write(buf)
+        except (RuntimeError, OSError) as exc:  # closed under us: every call on it fails as a lost connection
+            proto.fail(RedisConnectionError(f"connection to the server lost: {exc}"))
         timer = loop.call_later(self.timeout, self._timed_out, proto, call)
         try:
             return await call.future

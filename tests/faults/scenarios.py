@@ -166,6 +166,15 @@ def _crashes(d: Drill, skip: tuple = ()) -> list[str]:
     return out
 
 
+def _noted_crashes(res: "Result", d: Drill) -> list[str]:
+    """:func:`_crashes`, each also kept in the result's figures (a failed check then
+    says which agent crashed and why)."""
+    crashes = _crashes(d)
+    if crashes:
+        res.figures["agent crashes"] = crashes
+    return crashes
+
+
 # --------------------------------------------------------------------------- kill -9
 
 
@@ -631,7 +640,7 @@ def redis_restart(workdir: Path, n_events: int = max(600, EVENTS // 3), seed: in
             "the API acknowledged again after the restart": api_back is True,
             "the workers resumed after the restart": workers_back is True,
             "the workers survived the outage": len(d.live()) == d.workers,
-            "no agent crashed": not _crashes(d),
+            "no agent crashed": not _noted_crashes(res, d),
         })
         res.notes.append(
             "The exact window: the server appends every write to the AOF with write(2) before it replies, so a "
@@ -775,7 +784,7 @@ def providers(workdir: Path, down_s: float = DOWN_S, rate: float = 25.0) -> Resu
             "every UNKNOWN was queried before anything else": all(k in queried for k in hung) and bool(hung),
             "no UNKNOWN sent twice": not resent_hung,
             "A took messages again after it came back": a_recover is not None,
-            "no agent crashed": not _crashes(d),
+            "no agent crashed": not _noted_crashes(res, d),
         })
     finally:
         d.stop()
@@ -1068,7 +1077,7 @@ def clock_jumps(workdir: Path) -> Result:
             "held order sent once the window ended": sent_out is True,
             "no duplicated provider call": dup == 0,
             "no provider call for an over-limit notification": over_calls == 0,
-            "no agent crashed": not _crashes(d),
+            "no agent crashed": not _noted_crashes(res, d),
         })
         res.notes.append("The clock is the pipeline's own (pipeline/clock.py, NOTIFY_CLOCK_FILE), which the guard, "
                          "the scheduler and the lanes use for every wall-clock decision; the drill moves it in "

@@ -284,3 +284,47 @@ async def test_one_call_for_every_partition_of_a_flush_and_an_error_stays_with_i
         strip = lambda s: {k: [(i, {f: v for f, v in fields.items() if f != b"t"}) for i, fields in e]
                            for k, e in s.items()}
         assert strip(streams_together) == strip(streams_apart) and len(streams_together[0]) == 3
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_call_right_after_the_connection_closed_goes_on_a_new_one(redis_url, loop):
+    """The loop closed the connection (the server died) and its ``connection_lost``
+    has not run yet, a turn later: a call made in between connects again, instead
+    of writing to the closed transport (uvloop raised RuntimeError there, which
+    crashed the producer in the Redis restart drill; asyncio's dropped the write
+    and the call waited out its timeout)."""
+    import time
+
+    import uvloop
+
+    async def main():
+        async with _client_and_wire(redis_url) as (_client, wire):
+            assert await wire.execute([("SET", "w:closed", "1")]) == [b"OK"]
+            old = wire._proto
+            old.transport.close()  # connection_lost is only scheduled
+            assert old.closed is None
+            t0 = time.monotonic()
+            assert await wire.execute([("GET", "w:closed")]) == [b"1"]
+            assert time.monotonic() - t0 < 1.0 and wire._proto is not old
+            # a handle the loop closed before saying so (uvloop's RuntimeError on write):
+            # the call fails as a lost connection, which the producer retries
+            proto, real = wire._proto, wire._proto.transport
+
+            class Closed:
+                def is_closing(self):
+                    return False
+
+                def write(self, data):
+                    raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+                def close(self):
+                    real.close()
+
+            proto.transport = Closed()
+            with pytest.raises(RedisConnectionError) as err:
+                await wire.execute([("GET", "w:closed")])
+            assert isinstance(err.value, TRANSIENT_ERRORS) and proto.closed is not None
+            assert await wire.execute([("GET", "w:closed")]) == [b"1"]  # and the next call connects again
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        runner.run(main())
