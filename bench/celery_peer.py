@@ -248,6 +248,19 @@ def cpu_tree(pid: int) -> float:
     return tree_cpu(pid)
 
 
+def _forget_connections() -> None:
+    """Celery keeps its broker connection pool and producer pool from the first
+    use: a second run in the same process would publish to the first run's
+    (stopped) server. Closed and dropped, they are made again for the new URL."""
+    pool = getattr(celery_app, "_pool", None)
+    if pool is not None:
+        pool.force_close_all()
+        celery_app._pool = None
+    amqp = celery_app.amqp
+    if getattr(amqp, "_producer_pool", None) is not None:
+        amqp._producer_pool = None
+
+
 def run(n: int, *, prefetch: Optional[int] = None, timeout: float = 900.0, log=print) -> Result:
     """``prefetch``: ``--prefetch-multiplier`` for the worker (None = Celery's default, 4)."""
     import celery
@@ -273,6 +286,7 @@ def run(n: int, *, prefetch: Optional[int] = None, timeout: float = 900.0, log=p
         con.close()
         server = EmbeddedRedis(tmp / "redis").start()  # AOF everysec
         os.environ["PEER_BROKER"] = server.url
+        _forget_connections()  # a run before this one (compare.py --rounds) left its server's
         celery_app.conf.broker_url = server.url
         proc = None
         r = redis.Redis.from_url(server.url)
