@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -40,8 +41,12 @@ async def test_a_writer_waits_its_turn_past_the_busy_timeout_and_then_writes(tmp
     try:
         holder = _hold(path + ".wlock", 0.6)  # longer than the busy timeout
         try:
+            t0 = time.monotonic()
             await store.apply_outcomes([outcome(State.PENDING, 1.0)])  # no "database is locked"
-            assert holder.poll() is not None  # it went after the other writer's turn
+            # it went after the other writer's turn: the turn was held ~0.6 s from before the
+            # write began (the holder's exit, which gives it back, may be reaped a moment later)
+            assert time.monotonic() - t0 >= 0.3
+            assert holder.wait(timeout=10) == 0
         finally:
             holder.kill()
             holder.wait()
