@@ -419,6 +419,13 @@ def delta(after: dict, before: dict) -> dict:
     return {k: v for k, v in out.items() if (any(v) if isinstance(v, list) else v)}
 
 
+def python_calls(profiles: list) -> int:
+    """Python function calls in cProfile output files (``--calls``; bench/real.py's)."""
+    import pstats
+
+    return sum(pstats.Stats(str(p)).total_calls for p in profiles)
+
+
 def cost_lines(res: "Result") -> list[str]:
     """Where a notification's cost goes: stream entries written per notification by
     topic, Redis's own time per command, and CPU per component, per notification."""
@@ -689,11 +696,9 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             server.stop()
             log("e2e: workers and server stopped")
     if calls:
-        import pstats
-
         profs = [OUT / f"e2e-calls-w{i}.prof" for i in range(WORKERS)]
         if all(f.exists() for f in profs) and res.notifications:
-            res.calls = sum(pstats.Stats(str(f)).total_calls for f in profs)
+            res.calls = python_calls(profs)
         else:
             log("e2e: a worker wrote no cProfile output (bench/out/e2e-calls-w*.prof)")
     return res

@@ -181,9 +181,9 @@ def run(providers: str, events: int, n_users: int, otp_rate: float, timeout: flo
 def main_worker_calls(profiles: Path) -> int:
     """Python function calls of the main workers (their profiles, written as they
     stopped: their start and table recovery included, as bench/e2e.py --calls)."""
-    import pstats
+    from bench.e2e import python_calls
 
-    return sum(pstats.Stats(str(p)).total_calls for p in sorted(profiles.glob("worker-main-*.prof")))
+    return python_calls(sorted(profiles.glob("worker-main-*.prof")))
 
 
 def waited_for_a_core(pid: int) -> float:

@@ -241,7 +241,6 @@ ATTEMPT_COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-
 def of_record(column: str, record: str) -> str:
     """SQL: ``column`` is the delivery id ``record`` (a column or a parameter) or that
     of one of its deliveries to a device (``<record>.<device>``: devices.py), as a
