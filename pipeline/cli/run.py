@@ -202,13 +202,18 @@ def cmd_worker(args) -> int:
         return 0
     import cProfile
 
+    try:  # where the profile goes is checked before the worker runs, not when it stops
+        os.makedirs(env.profile_dir, exist_ok=True)
+        if not os.access(env.profile_dir, os.W_OK):
+            raise OSError("not writable")
+    except OSError as exc:
+        raise CLIError(f"NOTIFY_PROFILE_DIR={env.profile_dir}: {exc}") from None
     profile = cProfile.Profile()
     profile.enable()
     try:
         worker.execute_from_commandline()
     finally:
         profile.disable()
-        os.makedirs(env.profile_dir, exist_ok=True)
         profile.dump_stats(os.path.join(env.profile_dir, f"worker-{role}-{os.getpid()}.prof"))
     return 0
 
