@@ -41,7 +41,10 @@ class Expand:
     async def expand(self, stream):
         turn = turns_for(stream)
         dlq = self.app.declared.dlq
-        async for event in stream.events():
+        async for _ in stream:  # stream.events() without its generator: a resumption less an entry
+            event = stream.current_event
+            if event is None:
+                continue
             await turn()
             async with contained(dlq, event, "expand"):
                 await self.expand_one(event)

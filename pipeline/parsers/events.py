@@ -22,7 +22,8 @@ import re
 import time
 import unicodedata
 from functools import lru_cache
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping  # (isinstance with typing's alias is a few Python calls)
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
 import orjson

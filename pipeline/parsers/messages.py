@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import re
 import typing
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping  # (isinstance with typing's alias is a few Python calls)
+from typing import Any, Callable
 
 from config.settings import CHANNELS, PRIORITIES
 from pipeline.models import SCHEMA_VERSION, Delivery, Intent, Outcome, Receipt, State, Timer

@@ -20,7 +20,8 @@ Pure functions; no I/O.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Mapping  # (isinstance with typing's alias is a few Python calls)
+from typing import Any, Iterable, Optional
 
 __all__ = ["RANK", "PRIORITY_ANY_SCOPE", "PRIORITY_ANY_HEADER", "cap", "capped", "above_cap", "marked_any"]
 

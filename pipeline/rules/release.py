@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Mapping  # (isinstance with typing's alias is a few Python calls)
+from typing import Any, Iterable, Optional
 
 __all__ = ["Release", "STAGES", "NOT_RELEASED", "bucket", "reaches", "template_version", "channel_held",
            "parse_release"]

@@ -32,7 +32,8 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from collections.abc import Mapping  # (isinstance with typing's alias is a few Python calls)
+from typing import Any, Iterable, Optional, Sequence
 
 import aiosqlite
 

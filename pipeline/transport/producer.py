@@ -9,7 +9,8 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Optional
+from collections.abc import Mapping  # (isinstance with typing's alias is a few Python calls)
+from typing import TYPE_CHECKING, Any, Awaitable, Optional
 
 from faust.transport import producer as base
 from faust.types import TP, TopicT

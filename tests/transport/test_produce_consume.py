@@ -3,6 +3,7 @@
 import asyncio
 import collections
 import signal
+import time
 
 import faust
 import pytest
@@ -216,3 +217,27 @@ def test_an_entry_dropped_on_its_way_to_the_stream_is_read_again(redis_url, redi
         assert w.stop() == 0, w.log()[-3000:]
     assert "never handled" in w.log()
     assert 5 in {v for _p, _o, v in seen(redis_sync)}
+
+
+def test_reads_whose_connections_are_killed_go_on_from_where_they_were(redis_url, redis_sync, tmp_path):
+    """A blocked read whose connection the server closes is read again, from the same
+    position, on a new one; nothing is skipped or handled twice."""
+    produce(redis_url, "numbers", numbers(0, 500))
+    w = Worker(redis_url + "?lease=3&compact=0", tmp_path).start()
+    try:
+        wait_until(lambda: redis_sync.llen("seen") >= 500, 60, what="first 500")
+        for start in (500, 700):
+            wait_until(lambda: b"cmd=xread" in redis_sync.execute_command("CLIENT", "LIST", "TYPE", "normal"), 30,
+                       what="a read blocked")
+            redis_sync.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            produce(redis_url, "numbers", numbers(start, start + 200))
+        wait_until(lambda: redis_sync.llen("seen") >= 900, 60, what="all 900")
+        time.sleep(0.5)
+    finally:
+        assert w.stop() == 0, w.log()[-3000:]
+    by_partition = collections.defaultdict(list)
+    for p, off, _v in seen(redis_sync):
+        by_partition[p].append(off)
+    assert sum(len(v) for v in by_partition.values()) == 900
+    for offs in by_partition.values():
+        assert offs == list(range(len(offs)))
