@@ -130,8 +130,8 @@ class Transport(base.Transport):
         self._client: Any = None
         self._connecting: Any = None
         self._partitions: dict[str, int] = {}
-        #: (how many tables, their changelog topics, topic → is one): is_changelog
-        self._changelogs: Optional[tuple[int, set, dict[str, bool]]] = None
+        #: (how many tables, their changelog topics): is_changelog
+        self._changelogs: Optional[tuple[int, set]] = None
         self._retention: dict[str, Optional[float]] = {}
         self.partitioner = app.conf.producer_partitioner or DefaultPartitioner()
         # key → partition, per partition count, for the default partitioner only (a
@@ -232,18 +232,13 @@ class Transport(base.Transport):
     # -- fencing -----------------------------------------------------------
 
     def is_changelog(self, topic: str) -> bool:
-        """Whether ``topic`` is a table's changelog: Faust's answer (a set built on
-        every call, ~1.3 a notification from the producer), kept per topic until a
-        table is added."""
+        """Whether ``topic`` is a table's changelog: Faust's answer, a set it builds on
+        every call (~1.3 a notification, from the producer), kept until a table is added."""
         tables = self.app.tables
         known = self._changelogs
         if known is None or known[0] != len(tables):
-            known = self._changelogs = (len(tables), tables.changelog_topics, {})
-        answers = known[2]
-        answer = answers.get(topic)
-        if answer is None:
-            answer = answers[topic] = topic in known[1]
-        return answer
+            known = self._changelogs = (len(tables), tables.changelog_topics)
+        return topic in known[1]
 
     def fence_token(self, topic: str, partition: int) -> Optional[str]:
         """'' for unfenced topics; the owner token for changelogs; None if not ours."""
