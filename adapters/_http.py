@@ -12,9 +12,9 @@ has one connection pool."""
 
 from __future__ import annotations
 
+import re
 from json import dumps as _json_dumps
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence, Union
-from urllib.parse import urlencode
 
 import httpx
 import yarl
@@ -100,13 +100,30 @@ def direct_client(config: Any, base_url: Optional[str] = None,
 
 
 def form_body(data: Mapping[str, Any]) -> bytes:
-    """A form body as httpx encodes ``data=`` (``application/x-www-form-urlencoded``)."""
-    plain: list[tuple[str, str]] = []
+    """A form body as httpx encodes ``data=`` (``application/x-www-form-urlencoded``:
+    ``urlencode(..., doseq=True)``), each name and value quoted by :func:`quote_plus`."""
+    parts: list[str] = []
     for key, value in data.items():
+        name = quote_plus(str(key))
         for item in value if isinstance(value, (list, tuple)) else (value,):
-            plain.append((key, "true" if item is True else "false" if item is False else "" if item is None
-                          else str(item)))
-    return urlencode(plain, doseq=True).encode("utf-8")
+            parts.append(name + "=" + quote_plus("true" if item is True else "false" if item is False
+                                                 else "" if item is None else str(item)))
+    return "&".join(parts).encode("utf-8")
+
+
+#: what urllib's ``quote_plus`` leaves alone (its always-safe characters) and the space
+_QUOTED = re.compile(r"[^A-Za-z0-9_.~ -]+")
+
+
+def _percent(match: "re.Match[str]") -> str:
+    return "".join(["%%%02X" % b for b in match.group().encode("utf-8")])
+
+
+def quote_plus(text: str) -> str:
+    """``urllib.parse.quote_plus(text)``: the same text (an SMS body quoted there
+    took ~60 Python calls, here a few: only a run of characters to quote calls
+    back); a lone surrogate raises ``UnicodeEncodeError`` as there."""
+    return _QUOTED.sub(_percent, text).replace(" ", "+")
 
 
 def json_body(obj: Any) -> bytes:
