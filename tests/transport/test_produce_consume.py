@@ -116,6 +116,16 @@ async def test_declare_is_idempotent_and_mismatch_is_clear(redis_url):
     await t.close()
 
 
+def _each_partition_once_in_order(redis_sync, n):
+    """The worker handled ``n`` entries, each partition's from its first, in order, once."""
+    by_partition = collections.defaultdict(list)
+    for p, off, _v in seen(redis_sync):
+        by_partition[p].append(off)
+    assert sum(len(v) for v in by_partition.values()) == n
+    for offs in by_partition.values():
+        assert offs == list(range(len(offs)))
+
+
 def test_worker_consumes_every_partition_in_order(redis_url, redis_sync, tmp_path):
     produce(redis_url, "numbers", numbers(0, 2000))
     w = Worker(redis_url + "?lease=3&compact=0", tmp_path).start()
@@ -123,12 +133,7 @@ def test_worker_consumes_every_partition_in_order(redis_url, redis_sync, tmp_pat
         wait_until(lambda: redis_sync.llen("seen") >= 2000, 60, what="2000 processed")
     finally:
         assert w.stop() == 0, w.log()[-3000:]
-    by_partition = collections.defaultdict(list)
-    for p, off, _v in seen(redis_sync):
-        by_partition[p].append(off)
-    assert sum(len(v) for v in by_partition.values()) == 2000
-    for offs in by_partition.values():
-        assert offs == list(range(len(offs)))
+    _each_partition_once_in_order(redis_sync, 2000)
 
 
 def test_commit_stop_restart_resumes_after_last_commit(redis_url, redis_sync, tmp_path):
@@ -235,9 +240,4 @@ def test_reads_whose_connections_are_killed_go_on_from_where_they_were(redis_url
         time.sleep(0.5)
     finally:
         assert w.stop() == 0, w.log()[-3000:]
-    by_partition = collections.defaultdict(list)
-    for p, off, _v in seen(redis_sync):
-        by_partition[p].append(off)
-    assert sum(len(v) for v in by_partition.values()) == 900
-    for offs in by_partition.values():
-        assert offs == list(range(len(offs)))
+    _each_partition_once_in_order(redis_sync, 900)
