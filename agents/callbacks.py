@@ -19,9 +19,10 @@ Two parts, neither in the way of a delivery:
   before the column by looking its event up, :meth:`Callbacks.wanted_keys`). So
   the outcomes of the events nobody asked to hear of are never read back
   (before, this agent read every outcome: a fifth of a main worker's CPU per
-  record, bench/RESULTS.md "real: what the default configuration costs"). The agent takes what is ready, finds each event's
-  target (one ``MGET`` a take: the URL expand wrote for the event, else the
-  producer's default from the key file), and adds the changes to the durable
+  record, bench/RESULTS.md "real: what the default configuration costs"). The
+  agent takes what is ready, finds each event's target (one ``MGET`` a take: the
+  URL expand wrote for the event, else the producer's default from the key
+  file), and adds the changes to the durable
   callback set in the broker (pipeline/callback_queue.py), grouped per event. It
   makes no HTTP call, so a slow or dead endpoint never holds it; its entries are
   acknowledged (and committed) only once the changes are written there.

@@ -129,6 +129,14 @@ def malformed(message: Any) -> Optional[str]:
     return None
 
 
+def refuse_malformed(message: Any) -> None:
+    """Raise :class:`MalformedEntry` for an entry the transport marked malformed."""
+    if message.headers:
+        why = malformed(message)
+        if why is not None:
+            raise MalformedEntry(why)
+
+
 async def _ignored(exc: Exception, message: Any) -> None:
     """A decode error nobody handles (Faust's default, when no topic compiles the decoder)."""
     return None
@@ -143,21 +151,7 @@ class GuardedSchema(faust.Schema):
         self.dlq = dlq
 
     def loads_key(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
-        if message.headers:
-            why = malformed(message)
-            if why is not None:
-                raise MalformedEntry(why)
-        if (loads is None and self.key_type is str
-                and (serializer or self.key_serializer or app.conf.key_serializer) == "raw"):
-            # what Faust's registry does for a text key with the raw codec (its
-            # ``want_str``), without a codec lookup and three calls deep per entry
-            key = message.key
-            if isinstance(key, bytes):
-                try:
-                    return key.decode()
-                except UnicodeDecodeError as exc:
-                    raise KeyDecodeError(str(exc)) from exc
-            return key
+        refuse_malformed(message)
         return super().loads_key(app, message, loads=loads, serializer=serializer)
 
     def compile(self, app: Any, *, on_key_decode_error: Any = _ignored, on_value_decode_error: Any = _ignored,
@@ -165,9 +159,9 @@ class GuardedSchema(faust.Schema):
         """The topic's decoder (what Faust's ``Schema.compile`` builds: key, then
         value, then the event; a decode error raised when ``propagate``, else handed to
         its callback and None returned), with the key and value read straight from the
-        entry where the types are raw bytes or text: Faust's compiled decoder hands its
-        registry to ``loads_key``, which bypassed the text fast path above, and looks
-        the codec and the event class up again for every entry (~60 calls an event).
+        entry where the types are raw bytes or text: Faust's compiled decoder goes
+        through its serializer registry, which looks the codec and the event class up
+        again for every entry (~60 calls an event).
         The result is Faust's (tests/pipeline/test_entry_decode.py)."""
         key_of, value_of = self._key_reader(app), self._value_reader(app)
         allow_empty = self.allow_empty
@@ -209,10 +203,7 @@ class GuardedSchema(faust.Schema):
         text = self.key_type is str
 
         def key_of(message: Any) -> Any:
-            if message.headers:
-                why = malformed(message)
-                if why is not None:
-                    raise MalformedEntry(why)
+            refuse_malformed(message)
             key = message.key
             if key is None or not text:  # Faust's raw codec: text given is encoded
                 return key.encode() if isinstance(key, str) else key
