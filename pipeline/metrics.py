@@ -1,24 +1,23 @@
 """Prometheus metrics of a worker (served by ``notify run`` / the API)."""
 
-from typing import Any
-
 from prometheus_client import Counter, Gauge, Histogram
 
-events_in = Counter("notify_events_in_total", "Events read from notify.events")
-dead_letters = Counter("notify_dead_letters_total", "Messages sent to notify.dlq", ["source", "reason"])
-agent_errors = Counter("notify_agent_errors_total",
-                       "Entries an agent failed on (dead-lettered as agent_error; the agent went on)", ["agent"])
-outcomes = Counter("notify_outcomes_total", "Outcomes emitted", ["state", "reason"])
-attempts = Counter("notify_attempts_total", "Provider calls", ["provider", "result"])
-handoffs = Counter("notify_lane_handoffs_total",
-                   "Deliveries handed to a lane of the same worker in memory, not through its topic",
-                   ["channel", "priority"])
-send_latency = Histogram(
+from .tally import Tally, TallyHistogram
+
+# the hot path's metrics (an event, an outcome, a provider call): plain numbers on the
+# loop's thread, exposed by a collector as prometheus_client's own (pipeline/tally.py)
+events_in = Tally("notify_events_in_total", "Events read from notify.events")
+outcomes = Tally("notify_outcomes_total", "Outcomes emitted", ["state", "reason"])
+attempts = Tally("notify_attempts_total", "Provider calls", ["provider", "result"])
+handoffs = Tally("notify_lane_handoffs_total",
+                 "Deliveries handed to a lane of the same worker in memory, not through its topic",
+                 ["channel", "priority"])
+send_latency = TallyHistogram(
     "notify_send_latency_seconds", "Provider call latency", ["channel", "priority"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 #: seed 001's service level, as it happens (the report: ``notify slo``, GET /v1/slo)
-to_terminal = Histogram(
+to_terminal = TallyHistogram(
     "notify_acceptance_to_terminal_seconds",
     "A delivery's acceptance -> its first terminal state (deliveries deferred on purpose count their wait: "
     "the SLO report sets them apart)",
@@ -26,36 +25,16 @@ to_terminal = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 3600),
 )
 
+#: a child by its label values (each made once, then a dict lookup)
+outcomes_of = outcomes.labels
+to_terminal_of = to_terminal.labels
+attempts_of = attempts.labels
+send_latency_of = send_latency.labels
+handoffs_of = handoffs.labels
 
-class Children:
-    """A labelled metric's children by label values, each looked up through
-    ``labels()`` once. ``labels()`` checks its arguments and takes the metric's lock
-    on every call: about 1 µs, three times the ``inc`` it is for. On the hot path (an
-    outcome, a provider call) that was most of prometheus_client's 4.5% of a
-    worker's samples in bench/e2e.py. The values are the metric's own bounded sets
-    (states and reasons, priorities, providers and results): the cache holds no
-    more than the metric does."""
-
-    __slots__ = ("_metric", "_cache")
-
-    def __init__(self, metric: Any) -> None:
-        self._metric = metric
-        self._cache: dict[tuple, Any] = {}
-
-    def __call__(self, *values: str) -> Any:
-        child = self._cache.get(values)
-        if child is None:
-            child = self._cache[values] = self._metric.labels(*values)
-        return child
-
-
-#: the hot path's children (:class:`Children`)
-outcomes_of = Children(outcomes)
-to_terminal_of = Children(to_terminal)
-attempts_of = Children(attempts)
-send_latency_of = Children(send_latency)
-handoffs_of = Children(handoffs)
-
+dead_letters = Counter("notify_dead_letters_total", "Messages sent to notify.dlq", ["source", "reason"])
+agent_errors = Counter("notify_agent_errors_total",
+                       "Entries an agent failed on (dead-lettered as agent_error; the agent went on)", ["agent"])
 
 no_channel = Counter("notify_no_channel_total",
                      "Notifications dropped because no channel was left (opted out or unreachable, and the "

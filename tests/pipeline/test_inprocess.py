@@ -209,17 +209,17 @@ async def test_an_intent_read_again_the_other_way_is_planned_as_itself(settings)
         origin = first[1]
         assert origin.startswith("notify.events:") and origin.endswith(":0")
         daily = {k: v for k, v in tb.dedup.data.items() if isinstance(k, tuple) and k[0] == "daily"}
-        before = duplicates._value.get()
+        before = duplicates.value
         ev = _event("org1", "o1")
         await app.declared.intents["normal"].send(key="o1", value=Intent(
             notification_id=row["notification_id"], biz_key="org1", user_id="o1", category="transaction",
             template="order_shipped", template_version=1, priority="normal", params=ev["params"],
             channels=ev["channels"], accepted_at=first[0], origin=origin))
         for _ in range(200):  # planned again: its entry's time moves on
-            if tb.dedup.data.get(dedup_entry_key("o1", "org1", ""))[0] != first[0] or duplicates._value.get() > before:
+            if tb.dedup.data.get(dedup_entry_key("o1", "org1", ""))[0] != first[0] or duplicates.value > before:
                 break
             await asyncio.sleep(0.05)
-        assert duplicates._value.get() == before
+        assert duplicates.value == before
         assert tb.dedup.data.get(dedup_entry_key("o1", "org1", ""))[1] == origin
         assert {k: v for k, v in tb.dedup.data.items() if isinstance(k, tuple) and k[0] == "daily"} == daily
 
