@@ -39,9 +39,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-import aiosqlite
+import sqlite3
 
 from ..rules.states import EVIDENCE, IN_FLIGHT, RANK, of_deliveries
+from .rows import Bound, insert_rows, run
 
 __all__ = ["SCHEMA", "OBJECTS", "COLUMNS", "UPSERT", "apply"]
 
@@ -96,8 +97,8 @@ def _least(col: str) -> str:
 
 
 #: the same join as a record's (pipeline/store/schema.py _UPSERT), per device delivery
-UPSERT = (
-    f"INSERT INTO device_deliveries ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))}) "
+UPSERT = insert_rows(
+    "INSERT INTO device_deliveries", _COLS,
     "ON CONFLICT (record_id, delivery_id) DO UPDATE SET "
     + ", ".join((
         f"status = CASE WHEN {_STATE_WIN} THEN excluded.status ELSE status END",
@@ -124,33 +125,35 @@ def row(record_id: str, delivery_id: str, devices: int, r: list, ix: Any) -> tup
             r[ix.LATENCY])
 
 
-async def apply(db: aiosqlite.Connection, rows: list[tuple], records: Iterable[str], k: int) -> None:
-    """In the record store's transaction: merge the device deliveries' ``rows``, then
+def apply(conn: sqlite3.Connection, rows: Optional[Bound], records: Iterable[str], k: int) -> None:
+    """In the record store's transaction: merge the device deliveries' ``rows`` (their
+    upsert, rows.py ``bind`` of :data:`UPSERT`; None: none), then
     derive the state of every record in ``records`` (push records the batch touched)
-    that has device deliveries. ``k``: the store's state-key scale (rank × k + µs)."""
-    if rows:
-        await db.executemany(UPSERT, rows)
+    that has device deliveries. ``k``: the store's state-key scale (rank × k + µs).
+    Runs in the writer's thread (store.py ``_transact``)."""
+    if rows is not None:
+        run(conn, rows)
     records = list(dict.fromkeys(records))
     updates = []
     for i in range(0, len(records), _CHUNK):
         chunk = records[i:i + _CHUNK]
         by_record: dict[str, list] = {}
         shown: dict[str, tuple] = {}
-        async with db.execute(
+        found = conn.execute(
             "SELECT d.record_id, d.status, d.reason, d.state_key, d.devices, d.latency_ms,"
             " r.status, r.reason, r.state_key, r.latency_ms"
             " FROM device_deliveries d JOIN notify_record r ON r.delivery_id = d.record_id"
             f" WHERE d.record_id IN ({','.join('?' * len(chunk))})", chunk,
-        ) as cur:
-            for rid, status, reason, skey, n, latency, *record in await cur.fetchall():
-                by_record.setdefault(rid, []).append((status, reason, skey, n, latency))
-                shown[rid] = tuple(record)
+        ).fetchall()
+        for rid, status, reason, skey, n, latency, *record in found:
+            by_record.setdefault(rid, []).append((status, reason, skey, n, latency))
+            shown[rid] = tuple(record)
         for rid, members in by_record.items():
             want = derive(members, k)
             if want != shown[rid]:  # mostly it is already (one device: the record's own merge)
                 updates.append((*want, rid))
     if updates:
-        await db.executemany(
+        conn.executemany(
             "UPDATE notify_record SET status = ?, reason = ?, state_key = ?, latency_ms = ? WHERE delivery_id = ?",
             updates,
         )

@@ -72,6 +72,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import devices
+from .rows import insert_rows
 
 # ---------------------------------------------------------------------------
 # schema
@@ -297,9 +298,9 @@ _STATE_WIN = (
     "(excluded.state_key > state_key OR (excluded.state_key = state_key"
     " AND coalesce(excluded.reason, '') > coalesce(reason, '')))"
 )
-_UPSERT = (
-    f"INSERT INTO notify_record ({', '.join(_ROW_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(_ROW_COLUMNS))}) "
+#: a batch's rows in one statement (rows.py ``bind``, ``run``)
+_UPSERT = insert_rows(
+    "INSERT INTO notify_record", _ROW_COLUMNS,
     "ON CONFLICT (delivery_id) DO UPDATE SET "
     + ", ".join(
         (
@@ -326,10 +327,7 @@ _UPSERT = (
     )
 )
 
-_INSERT_ATTEMPT = (
-    f"INSERT OR IGNORE INTO attempts ({', '.join(ATTEMPT_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(ATTEMPT_COLUMNS))})"
-)
+_INSERT_ATTEMPT = insert_rows("INSERT OR IGNORE INTO attempts", ATTEMPT_COLUMNS)
 
 # ---------------------------------------------------------------------------
 # migration (RecordStore._migrate)

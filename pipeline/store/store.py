@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from collections.abc import Mapping  # (isinstance with typing's alias is a few Python calls)
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import aiosqlite
 
@@ -42,6 +42,7 @@ from ..rules.slo import EventRow
 from ..rules.states import PRECEDENCE
 from . import devices as devices_mod
 from .merge import _K, batch_rows, fold
+from .rows import bind, insert_rows, run
 from .turn import WriteTurn
 from .urgent import UrgentFirstLock
 from .schema import (
@@ -64,6 +65,8 @@ __all__ = ["RecordStore", "StoreUnavailable", "InvalidOutcome", "InboxItem", "is
 
 #: an inbox message marked read now, as a read (mark_read)
 _READS_FROM_INBOX = "INSERT OR IGNORE INTO reads (delivery_id, kind, at) SELECT delivery_id, 'inbox', ? FROM inbox"
+#: an inbox batch in one statement (rows.py)
+_INSERT_INBOX = insert_rows("INSERT OR IGNORE INTO inbox", ("user_id", "delivery_id", "title", "body", "created_at"))
 
 #: the outcome fold gives the event loop a turn every this many outcomes
 FOLD_TURN = 256
@@ -177,6 +180,12 @@ class RecordStore:
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
         self._db = db
+        if not callable(getattr(db, "_execute", None)) or not hasattr(db, "_conn"):
+            await db.close()
+            self._db = None
+            raise RuntimeError(f"aiosqlite {getattr(aiosqlite, '__version__', '?')} has no Connection._execute/_conn,"
+                               " which the record store's writes run through (docs/adr/0007): pyproject.toml"
+                               " pins the versions that have them")
         try:
             await self._pragmas(db)
             mode = await self._scalar(db, "PRAGMA journal_mode=WAL")
@@ -249,12 +258,12 @@ class RecordStore:
     async def close(self) -> None:
         ro, db = self._ro, self._db
         self._ro = self._db = None
-        if self._turn is not None:
-            self._turn.close()
         if ro is not None and ro is not db:
             await ro.close()
         if db is not None:
-            await db.close()
+            await db.close()  # after the jobs queued in its thread (a transaction holds the turn)
+        if self._turn is not None:
+            self._turn.close()
 
     async def __aenter__(self) -> "RecordStore":
         return await self.open()
@@ -294,6 +303,47 @@ class RecordStore:
                 if is_transient(exc):
                     raise StoreUnavailable(str(exc)) from exc
                 raise
+
+    async def _transact(self, work: Callable[[sqlite3.Connection], Any], urgent: bool = False) -> Any:
+        """Run ``work(conn)`` (the writer's sqlite3 connection, in its thread) in one
+        IMMEDIATE transaction; all or nothing. The turn, BEGIN, ``work``, COMMIT and the
+        turn given back are one job of the writer's thread: one hop from the event loop
+        and one back, the turn held for the SQL's own time, not across every await's
+        wait for a busy loop (docs/adr/0007-one-statement-per-batch.md). A caller
+        cancelled meanwhile does not stop the job: it commits or rolls back whole
+        (the hot writes that come here are idempotent). An ``urgent`` write goes before
+        the ordinary ones waiting in this process (urgent.py)."""
+        db = self._writer()
+        lock = self._wlock.urgent() if urgent else self._wlock
+        async with lock:
+            try:
+                return await db._execute(self._in_turn, work)  # aiosqlite: run in its thread
+            except BaseException as exc:
+                if is_transient(exc):
+                    raise StoreUnavailable(str(exc)) from exc
+                raise
+
+    def _in_turn(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        """:meth:`_transact`'s job, in the writer's thread."""
+        conn = self._writer()._conn
+        turn = self._turn
+        if turn is not None:
+            turn.take()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:  # rolled back already (SQLITE_FULL, IOERR)
+                    pass
+                raise
+            return result
+        finally:
+            if turn is not None:
+                turn.give()
 
     @staticmethod
     async def _rollback(db: aiosqlite.Connection) -> None:
@@ -353,15 +403,18 @@ class RecordStore:
             raise InvalidOutcome(f"{len(bad)} outcome(s) with an unknown state or bad fields", bad)
         rows, device_rows, push = batch_rows(folded, devices)
 
-        async def work(db: aiosqlite.Connection) -> None:
-            await db.executemany(_UPSERT, rows)
-            if attempts:
-                await db.executemany(_INSERT_ATTEMPT, attempts)
+        # the parameters encoded here, in the loop's thread (rows.py bind)
+        bound = [bind(_UPSERT, rows)] + ([bind(_INSERT_ATTEMPT, attempts)] if attempts else [])
+        bound_devices = bind(devices_mod.UPSERT, device_rows) if device_rows else None
+
+        def work(conn: sqlite3.Connection) -> None:  # in the writer's thread: one job (_transact)
+            for b in bound:
+                run(conn, b)
             if push:
-                await devices_mod.apply(db, device_rows, push, _K)
+                devices_mod.apply(conn, bound_devices, push, _K)
 
         try:
-            await self._write(work)
+            await self._transact(work)
         except sqlite3.IntegrityError as exc:
             # rare, so only now look for the culprits: a delivery_id that is not
             # ids.delivery_id(biz_key, user_id, channel), or a missing key field
@@ -413,17 +466,14 @@ class RecordStore:
         if not rows:
             return 0
 
-        async def work(db: aiosqlite.Connection) -> int:
-            cur = await db.executemany(
-                "INSERT OR IGNORE INTO inbox (user_id, delivery_id, title, body, created_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
-            return cur.rowcount
+        bound = bind(_INSERT_INBOX, rows)
+
+        def work(conn: sqlite3.Connection) -> int:  # in the writer's thread: one job (_transact)
+            return run(conn, bound).rowcount
 
         # what makes an inbox delivery DELIVERED, and what its user sees: before the
         # record batches waiting (an OTP's row behind a campaign's records)
-        return await self._write(work, urgent=True)
+        return await self._transact(work, urgent=True)
 
     async def inbox(
         self, user_id: str, limit: int = 50, before: Optional[int] = None

@@ -36,6 +36,7 @@ class WriteTurn:
     def __init__(self, db_path: str) -> None:
         self.path = f"{db_path}.wlock"
         self._fd: Optional[int] = None
+        self._tfd: Optional[int] = None  #: the file :meth:`take` locks
         #: the blocking flock waits in this thread, never on the event loop
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
@@ -61,13 +62,31 @@ class WriteTurn:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    # the turn taken by a thread that then writes (store.py ``_transact``: the writer's
+    # own thread, in the job that runs the transaction). A file of its own: flock
+    # locks belong to an open file, so this one and ``async with`` exclude each other
+    # within the process too.
+
+    def take(self) -> None:
+        """Wait for the turn in this thread (blocking)."""
+        if self._tfd is None:
+            self._tfd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._tfd, fcntl.LOCK_EX)
+
+    def give(self) -> None:
+        """Give back the turn :meth:`take` took."""
+        if self._tfd is not None:
+            fcntl.flock(self._tfd, fcntl.LOCK_UN)
+
     def close(self) -> None:
-        """Let the file and the thread go (taken again by the next ``async with``)."""
-        pool, fd, self._pool, self._fd = self._pool, self._fd, None, None
+        """Let the files and the thread go (taken again by the next ``async with`` or
+        :meth:`take`)."""
+        pool, fd, tfd, self._pool, self._fd, self._tfd = self._pool, self._fd, self._tfd, None, None, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        if fd is not None:
-            os.close(fd)
+        for f in (fd, tfd):
+            if f is not None:
+                os.close(f)
 
 
 class SoleTurn:
@@ -79,6 +98,7 @@ class SoleTurn:
     def __init__(self, db_path: str, name: str) -> None:
         self.path = f"{db_path}.{name}"
         self._fd: Optional[int] = None
+        self._tfd: Optional[int] = None  #: the file :meth:`take` locks
 
     def take(self) -> bool:
         if self._fd is not None:
