@@ -312,20 +312,37 @@ class RecordStore:
         wait for a busy loop (docs/adr/0007-one-statement-per-batch.md). A caller
         cancelled meanwhile does not stop the job: it commits or rolls back whole
         (the hot writes that come here are idempotent). An ``urgent`` write goes before
-        the ordinary ones waiting in this process (urgent.py)."""
-        db = self._writer()
-        lock = self._wlock.urgent() if urgent else self._wlock
-        async with lock:
-            try:
-                return await db._execute(self._in_turn, work)  # aiosqlite: run in its thread
-            except BaseException as exc:
-                if is_transient(exc):
-                    raise StoreUnavailable(str(exc)) from exc
-                raise
+        the ordinary ones waiting in this process (urgent.py).
 
-    def _in_turn(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        The process's write lock is held until the job ends, even when the caller
+        is cancelled before: a :meth:`_write` started meanwhile would take the turn
+        on its own file and queue its BEGIN behind this job, which waits for that
+        turn: each waiting for the other."""
+        db = self._writer()
+        await self._wlock.acquire(urgent=urgent)
+        try:
+            job = asyncio.ensure_future(db._execute(self._in_turn, db, work))  # aiosqlite: run in its thread
+        except BaseException:
+            self._wlock.release()
+            raise
+        job.add_done_callback(self._job_done)
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if is_transient(exc):
+                raise StoreUnavailable(str(exc)) from exc
+            raise
+
+    def _job_done(self, job: asyncio.Future) -> None:
+        self._wlock.release()
+        if not job.cancelled():
+            job.exception()  # seen here when its caller was cancelled and never looks
+
+    def _in_turn(self, db: aiosqlite.Connection, work: Callable[[sqlite3.Connection], Any]) -> Any:
         """:meth:`_transact`'s job, in the writer's thread."""
-        conn = self._writer()._conn
+        conn = db._conn
         turn = self._turn
         if turn is not None:
             turn.take()

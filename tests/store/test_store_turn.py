@@ -92,3 +92,33 @@ async def test_two_stores_on_one_file_write_in_turns(tmp_path):
     finally:
         await a.close()
         await b.close()
+
+
+@pytest.mark.asyncio
+async def test_a_batch_whose_caller_is_cancelled_commits_whole_and_blocks_no_later_write(tmp_path):
+    """A record batch is one job in the writer's thread (docs/adr/0007): cancelled while
+    it waits for the turn, it still runs, whole; the process's write lock stays held
+    until it ends, so a write of the other kind (its own turn file) cannot take the
+    turn first and then wait behind it in the thread: each would wait for the other."""
+    path = str(tmp_path / "r.db")
+    store = await RecordStore(path).open()
+    try:
+        holder = _hold(path + ".wlock", 0.4)  # another process's turn: the batch's job waits in take()
+        try:
+            batch = asyncio.ensure_future(store.apply_outcomes(
+                [outcome(State.PENDING, 1.0, biz_key=f"order_shipped:{n}") for n in range(50)]))
+            await asyncio.sleep(0.1)
+            batch.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await batch
+            # which of two waiters the kernel gives the turn to is a race: the lock, held on
+            # until the job ends, is what keeps the other write out (deterministically)
+            assert store._wlock.locked(), "the write lock is held until the cancelled batch's job ends"
+            # a write through _write (its turn in the turn's own thread, its own file)
+            await asyncio.wait_for(store.add_click("d-x", 0, "https://example.com/", at=2.0), timeout=10)
+        finally:
+            holder.wait()
+        rows = await store._read("SELECT count(*) FROM notify_record")
+        assert rows[0][0] == 50, "the cancelled batch ran whole"
+    finally:
+        await store.close()
