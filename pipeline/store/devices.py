@@ -42,7 +42,7 @@ from typing import Any, Iterable, Optional
 import sqlite3
 
 from ..rules.states import EVIDENCE, IN_FLIGHT, RANK, of_deliveries
-from .rows import Bound, insert_rows, run
+from .rows import insert_rows, run
 
 __all__ = ["SCHEMA", "OBJECTS", "COLUMNS", "UPSERT", "apply"]
 
@@ -125,7 +125,7 @@ def row(record_id: str, delivery_id: str, devices: int, r: list, ix: Any) -> tup
             r[ix.LATENCY])
 
 
-def apply(conn: sqlite3.Connection, rows: Optional[Bound], records: Iterable[str], k: int) -> None:
+def apply(conn: sqlite3.Connection, rows: Optional[list], records: Iterable[str], k: int) -> None:
     """In the record store's transaction: merge the device deliveries' ``rows`` (their
     upsert, rows.py ``bind`` of :data:`UPSERT`; None: none), then
     derive the state of every record in ``records`` (push records the batch touched)

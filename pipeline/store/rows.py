@@ -1,24 +1,22 @@
-"""A batch of rows to SQLite in one statement: the rows as one JSON parameter,
-read back by ``json_each`` (docs/adr/0007-one-statement-per-batch.md).
+"""A batch of rows to SQLite in a few statements of many rows each
+(docs/adr/0007-record-writes-in-one-hop.md).
 
 ``executemany`` steps its statement once per row, and Python's sqlite3 lets the
 GIL go around every step; the writer's thread then needs it back for the next
 row from an event loop that is busy, a wait of up to the interpreter's switch
 interval (5 ms) each time: a batch of 1,400 records took 38 ms beside an idle
 loop and 0.1-16 s beside a busy one (the store alone, docs/adr/0007). Here a
-batch is bound as one parameter, encoded in the loop's thread before the
-transaction (:func:`bind`; ADR 0006's multi-row ``VALUES`` bound thousands), and
-SQLite reads its rows inside one step: one release of the GIL per statement.
+batch is ``INSERT ... VALUES (...), (...), ...`` of up to :data:`MAX_ROWS` rows a
+statement, the rest in powers of two (a few statement texts, prepared once each):
+one GIL wait per statement. The parameters are flattened in the event loop's
+thread before the transaction (:func:`bind`); the writer's thread binds them.
 
-The values read are those ``executemany`` would have bound: a JSON string is
-TEXT, an integer INTEGER, a number with a fraction or exponent REAL (orjson
-writes a float that way, ``5.0`` for 5.0), ``true``/``false`` 1/0, ``null``
-NULL. Two cases read otherwise, and go through ``executemany`` instead: text with
-a NUL character (SQLite's JSON functions cut a string there), found in the
-encoded batch as ``\\u0000``; and values orjson cannot encode (an integer past 64
-bits: sqlite3 refuses it too). A float that is not finite (none reaches a row:
-times come from clocks, what is read is checked finite) would be written NULL,
-as SQLite writes NaN. tests/store/test_rows.py holds the rows written to what
+The same SQL as ``executemany``'s, row after row: a later row's conflict with an
+earlier one of the same statement is resolved as it would be a statement later,
+and every value is bound as ``executemany`` binds it. (Rows as one JSON
+parameter read by ``json_each`` were tried: one step for the whole batch, but
+reading the values back cost about twice the SQL's CPU, and SQLite's JSON cuts a
+text at a NUL.) tests/store/test_rows.py holds the rows written to what
 ``executemany`` writes.
 """
 
@@ -27,53 +25,59 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, NamedTuple, Sequence
 
-import orjson
+__all__ = ["MAX_ROWS", "Rows", "bind", "insert_rows", "run"]
 
-__all__ = ["Bound", "Rows", "bind", "insert_rows", "run"]
+#: rows in one statement at most (a power of two): 256 rows of the records' 27
+#: columns are 6,912 parameters, well under SQLite's 32,766; binding them holds the
+#: GIL in the writer's thread for about a millisecond
+MAX_ROWS = 256
 
 
 class Rows(NamedTuple):
-    """One statement, in both forms: from a JSON parameter, and ``executemany``'s."""
+    """An ``INSERT`` of many rows: the text before the rows, one row's
+    placeholders, and what follows them (an ``ON CONFLICT`` clause or nothing)."""
 
-    json: str
-    values: str
+    head: str
+    row: str
+    tail: str
+
+    def sql(self, n: int) -> str:
+        """The statement for ``n`` rows (its text made once per ``n``)."""
+        key = (self, n)
+        text = _TEXTS.get(key)
+        if text is None:
+            text = _TEXTS[key] = f"{self.head}{', '.join([self.row] * n)}{self.tail}"
+        return text
+
+
+_TEXTS: dict[tuple[Rows, int], str] = {}
 
 
 def insert_rows(into: str, columns: Sequence[str], tail: str = "") -> Rows:
     """``INSERT ...`` (``into``: "INSERT INTO t", "INSERT OR IGNORE INTO t") of
     ``columns``, each row a sequence in ``columns``' order; ``tail``: an ``ON
-    CONFLICT`` clause (the ``WHERE true`` before it in the JSON form is SQLite's
-    rule for an upsert from a SELECT)."""
-    cols = ", ".join(columns)
-    values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(columns)))
-    end = f" {tail}" if tail else ""
-    return Rows(f"{into} ({cols}) SELECT {values} FROM json_each(?) WHERE true{end}",
-                f"{into} ({cols}) VALUES ({', '.join('?' * len(columns))}){end}")
+    CONFLICT`` clause."""
+    return Rows(f"{into} ({', '.join(columns)}) VALUES ", f"({', '.join('?' * len(columns))})",
+                f" {tail}" if tail else "")
 
 
-class Bound(NamedTuple):
-    """A statement with its parameters, ready to run (:func:`bind`)."""
-
-    sql: str
-    params: Any
-    many: bool  #: ``executemany`` of ``params`` (rows), else ``execute`` with one parameter
-
-
-def bind(statement: Rows, rows: Sequence[Sequence]) -> Bound:
-    """``statement`` for ``rows``, its parameters encoded here: in the event loop's
-    thread, before the transaction's job (store.py ``_transact``), so the writer's
-    thread does not hold the GIL to encode them while the loop waits for it."""
-    try:
-        payload = orjson.dumps(rows)
-    except TypeError:
-        payload = None
-    if payload is None or b"\\u0000" in payload:
-        return Bound(statement.values, rows, True)
-    return Bound(statement.json, (payload,), False)
+def bind(statement: Rows, rows: Sequence[Sequence]) -> list[tuple[str, list]]:
+    """``statement`` for ``rows``: (text, parameters) of each statement, made here, in
+    the event loop's thread, before the transaction (store.py ``_transact``)."""
+    out = []
+    i, n = 0, len(rows)
+    while i < n:
+        left = n - i
+        size = MAX_ROWS if left >= MAX_ROWS else 1 << (left.bit_length() - 1)
+        out.append((statement.sql(size), [v for r in rows[i:i + size] for v in r]))
+        i += size
+    return out
 
 
-def run(conn: sqlite3.Connection, bound: Bound) -> sqlite3.Cursor:
-    """Run a :func:`bind` result on ``conn`` (the writer's connection, in its thread); its cursor."""
-    if bound.many:
-        return conn.executemany(bound.sql, bound.params)
-    return conn.execute(bound.sql, bound.params)
+def run(conn: sqlite3.Connection, bound: list[tuple[str, Any]]) -> int:
+    """Run a :func:`bind` result on ``conn`` (the writer's connection, in its
+    thread); the rows it changed."""
+    changed = 0
+    for sql, params in bound:
+        changed += conn.execute(sql, params).rowcount
+    return changed

@@ -298,7 +298,7 @@ _STATE_WIN = (
     "(excluded.state_key > state_key OR (excluded.state_key = state_key"
     " AND coalesce(excluded.reason, '') > coalesce(reason, '')))"
 )
-#: a batch's rows in one statement (rows.py ``bind``, ``run``)
+#: a batch's rows in a few statements of many rows (rows.py ``bind``, ``run``)
 _UPSERT = insert_rows(
     "INSERT INTO notify_record", _ROW_COLUMNS,
     "ON CONFLICT (delivery_id) DO UPDATE SET "

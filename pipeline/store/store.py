@@ -309,7 +309,7 @@ class RecordStore:
         IMMEDIATE transaction; all or nothing. The turn, BEGIN, ``work``, COMMIT and the
         turn given back are one job of the writer's thread: one hop from the event loop
         and one back, the turn held for the SQL's own time, not across every await's
-        wait for a busy loop (docs/adr/0007-one-statement-per-batch.md). A caller
+        wait for a busy loop (docs/adr/0007-record-writes-in-one-hop.md). A caller
         cancelled meanwhile does not stop the job: it commits or rolls back whole
         (the hot writes that come here are idempotent). An ``urgent`` write goes before
         the ordinary ones waiting in this process (urgent.py).
@@ -420,7 +420,7 @@ class RecordStore:
             raise InvalidOutcome(f"{len(bad)} outcome(s) with an unknown state or bad fields", bad)
         rows, device_rows, push = batch_rows(folded, devices)
 
-        # the parameters encoded here, in the loop's thread (rows.py bind)
+        # the statements and their parameters made here, in the loop's thread (rows.py bind)
         bound = [bind(_UPSERT, rows)] + ([bind(_INSERT_ATTEMPT, attempts)] if attempts else [])
         bound_devices = bind(devices_mod.UPSERT, device_rows) if device_rows else None
 
@@ -486,7 +486,7 @@ class RecordStore:
         bound = bind(_INSERT_INBOX, rows)
 
         def work(conn: sqlite3.Connection) -> int:  # in the writer's thread: one job (_transact)
-            return run(conn, bound).rowcount
+            return run(conn, bound)
 
         # what makes an inbox delivery DELIVERED, and what its user sees: before the
         # record batches waiting (an OTP's row behind a campaign's records)
