@@ -204,6 +204,7 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
         db = Path(settings.db_path)
         tty = sys.stdout.isatty()
         last, still = (-1, -1, -1, -1), 0
+        next_line = t0  # not a terminal: a line at once, then every 10 s, moved or not
         while not finished(last, len(evs), still):
             now = _counts(db, prefix)
             total, done, deferred, seen = now
@@ -212,8 +213,9 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
                     f"{seen}/{len(evs)} events, {time.time() - t0:5.1f}s")
             if tty:
                 print(f"\r[{bar:30}] {line}", end="", flush=True)
-            elif now != last and int(time.time() - t0) % 10 == 0:  # a line every ~10 s
+            elif time.time() >= next_line:
                 print(line, flush=True)
+                next_line += 10
             still = still + 1 if now == last and total else 0
             last = now
             time.sleep(0.5)
