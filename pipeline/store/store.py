@@ -10,7 +10,7 @@ was committed; a power cut or OS crash may lose the last transactions (the
 sink then re-reads those outcomes only if their offsets were not committed).
 
 Two connections: one writer (every write goes through it, one transaction at a
-time, serialised by an ``asyncio.Lock``) and one ``query_only`` reader for the
+time, each one job of its thread: ``RecordStore._transact``) and one ``query_only`` reader for the
 API, support and CLI queries, so a long query never delays a sink batch.
 
 Errors
@@ -26,7 +26,6 @@ state, a delivery_id that contradicts its biz_key/user_id/channel) raises
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sqlite3
 import threading
@@ -287,37 +286,21 @@ class RecordStore:
             raise RuntimeError("RecordStore is not open")
         return self._ro
 
-    async def _write(self, work, urgent: bool = False) -> Any:
-        """Run ``work(db)`` in one IMMEDIATE transaction; all or nothing. An ``urgent``
-        write goes before the ordinary ones waiting in this process (urgent.py)."""
-        db = self._writer()
-        lock = self._wlock.urgent() if urgent else self._wlock
-        async with lock, self._turn or contextlib.nullcontext():
-            try:
-                await db.execute("BEGIN IMMEDIATE")
-                result = await work(db)
-                await db.execute("COMMIT")
-                return result
-            except BaseException as exc:
-                await self._rollback(db)
-                if is_transient(exc):
-                    raise StoreUnavailable(str(exc)) from exc
-                raise
-
     async def _transact(self, work: Callable[[sqlite3.Connection], Any], urgent: bool = False) -> Any:
         """Run ``work(conn)`` (the writer's sqlite3 connection, in its thread) in one
         IMMEDIATE transaction; all or nothing. The turn, BEGIN, ``work``, COMMIT and the
         turn given back are one job of the writer's thread: one hop from the event loop
         and one back, the turn held for the SQL's own time, not across every await's
-        wait for a busy loop (docs/adr/0007-record-writes-in-one-hop.md). A caller
-        cancelled meanwhile does not stop the job: it commits or rolls back whole
-        (the hot writes that come here are idempotent). An ``urgent`` write goes before
-        the ordinary ones waiting in this process (urgent.py).
+        wait for a busy loop (docs/adr/0007-record-writes-in-one-hop.md). Every write
+        of the store comes here. A caller cancelled meanwhile does not stop the job:
+        it commits or rolls back whole (the writes are idempotent or, the rare ones,
+        harmless to have applied). An ``urgent`` write goes before the ordinary ones
+        waiting in this process (urgent.py).
 
         The process's write lock is held until the job ends, even when the caller
-        is cancelled before: a :meth:`_write` started meanwhile would take the turn
-        on its own file and queue its BEGIN behind this job, which waits for that
-        turn: each waiting for the other."""
+        is cancelled before: the writer's thread runs its jobs in the order they
+        were queued, so a job queued while another still runs would wait behind it
+        whatever its urgency."""
         db = self._writer()
         await self._wlock.acquire(urgent=urgent)
         try:
@@ -361,17 +344,6 @@ class RecordStore:
         finally:
             if turn is not None:
                 turn.give()
-
-    @staticmethod
-    async def _rollback(db: aiosqlite.Connection) -> None:
-        # Unconditional: statements run in order on the connection's thread, so this
-        # ROLLBACK also undoes a BEGIN or a statement still queued when we were
-        # cancelled. "no transaction is active" (SQLITE_FULL/IOERR may have rolled
-        # back already) is fine.
-        try:
-            await db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
 
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:
@@ -534,31 +506,25 @@ class RecordStore:
         at = time.time() if at is None else at
         if delivery_ids is None:
 
-            async def work(db: aiosqlite.Connection) -> int:
-                cur = await db.execute(
-                    "UPDATE inbox SET read_at = ? WHERE user_id = ? AND read_at IS NULL",
-                    (at, user_id),
-                )
-                await db.execute(_READS_FROM_INBOX + " WHERE user_id = ? AND read_at = ?", (at, user_id, at))
-                return cur.rowcount
+            def work(conn: sqlite3.Connection) -> int:
+                n = conn.execute("UPDATE inbox SET read_at = ? WHERE user_id = ? AND read_at IS NULL",
+                                 (at, user_id)).rowcount
+                conn.execute(_READS_FROM_INBOX + " WHERE user_id = ? AND read_at = ?", (at, user_id, at))
+                return n
 
         else:
             params = [(at, user_id, d) for d in dict.fromkeys(delivery_ids)]
             if not params:
                 return 0
 
-            async def work(db: aiosqlite.Connection) -> int:
-                cur = await db.executemany(
-                    "UPDATE inbox SET read_at = ?"
-                    " WHERE user_id = ? AND delivery_id = ? AND read_at IS NULL",
-                    params,
-                )
-                n = cur.rowcount
-                await db.executemany(_READS_FROM_INBOX + " WHERE read_at = ? AND user_id = ? AND delivery_id = ?",
-                                     [(at, *p) for p in params])
+            def work(conn: sqlite3.Connection) -> int:
+                n = conn.executemany("UPDATE inbox SET read_at = ?"
+                                     " WHERE user_id = ? AND delivery_id = ? AND read_at IS NULL", params).rowcount
+                conn.executemany(_READS_FROM_INBOX + " WHERE read_at = ? AND user_id = ? AND delivery_id = ?",
+                                 [(at, *p) for p in params])
                 return n
 
-        return await self._write(work)
+        return await self._transact(work)
 
     # -- tracking -----------------------------------------------------------
 
@@ -567,10 +533,10 @@ class RecordStore:
         """One click on a tracked link (every click is kept; rates count deliveries)."""
         row = (delivery_id, int(link), url, time.time() if at is None else at, ua_hash)
 
-        async def work(db: aiosqlite.Connection) -> None:
-            await db.execute("INSERT INTO clicks (delivery_id, link, url, at, ua_hash) VALUES (?, ?, ?, ?, ?)", row)
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO clicks (delivery_id, link, url, at, ua_hash) VALUES (?, ?, ?, ?, ?)", row)
 
-        await self._write(work)
+        await self._transact(work)
 
     async def add_reads(self, reads: Iterable[tuple[str, str, float]], producer: Optional[str] = None) -> int:
         """``(delivery_id, kind, at)`` reads of deliveries that have a record (of
@@ -586,14 +552,11 @@ class RecordStore:
                " WHERE EXISTS (SELECT 1 FROM notify_record WHERE delivery_id = ?"
                + (" AND producer = ?" if producer is not None else "") + ")")
 
-        async def work(db: aiosqlite.Connection) -> int:
-            n = 0
-            for r in rows:  # executemany's rowcount is not reliable for INSERT … SELECT
-                cur = await db.execute(sql, r)
-                n += max(cur.rowcount, 0)
-            return n
+        def work(conn: sqlite3.Connection) -> int:
+            # one by one: executemany's rowcount is not reliable for INSERT … SELECT
+            return sum(max(conn.execute(sql, r).rowcount, 0) for r in rows)
 
-        return await self._write(work)
+        return await self._transact(work)
 
     async def add_unsubscribes(self, rows: Iterable[tuple[str, str, str, str, float, str]]) -> int:
         """Opt-outs: ``(user_id, category, channel, source, at, producer)``; one that is
@@ -603,15 +566,14 @@ class RecordStore:
         if not rows:
             return 0
 
-        async def work(db: aiosqlite.Connection) -> int:
-            n = 0
-            for r in rows:  # (executemany's rowcount does not count ignored rows apart)
-                cur = await db.execute("INSERT OR IGNORE INTO unsubscribes (user_id, category, channel, source, at,"
-                                       " producer) VALUES (?, ?, ?, ?, ?, ?)", r)
-                n += max(cur.rowcount, 0)
-            return n
+        sql = ("INSERT OR IGNORE INTO unsubscribes (user_id, category, channel, source, at, producer)"
+               " VALUES (?, ?, ?, ?, ?, ?)")
 
-        return await self._write(work)
+        def work(conn: sqlite3.Connection) -> int:
+            # one by one: executemany's rowcount does not count ignored rows apart
+            return sum(max(conn.execute(sql, r).rowcount, 0) for r in rows)
+
+        return await self._transact(work)
 
     async def unsubscribes(self, user_id: Optional[str] = None, since: Optional[float] = None,
                            producer: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -690,12 +652,12 @@ class RecordStore:
         return (float(rows[0][0]), str(rows[0][1])) if rows else None
 
     async def set_poll_cursor(self, cursor: tuple[float, str]) -> None:
-        async def work(db: aiosqlite.Connection) -> None:
-            await db.execute("INSERT INTO receipt_polls (id, sent_at, delivery_id) VALUES (0, ?, ?)"
-                             " ON CONFLICT (id) DO UPDATE SET sent_at = excluded.sent_at,"
-                             " delivery_id = excluded.delivery_id", cursor)
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO receipt_polls (id, sent_at, delivery_id) VALUES (0, ?, ?)"
+                         " ON CONFLICT (id) DO UPDATE SET sent_at = excluded.sent_at,"
+                         " delivery_id = excluded.delivery_id", tuple(cursor))
 
-        await self._write(work)
+        await self._transact(work)
 
     async def by_provider_msg_ids(self, provider_msg_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """The deliveries carrying each of these providers' message ids (to match a take

@@ -21,8 +21,6 @@ kernel drops a dead process's lock with its file descriptor.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import fcntl
 import os
 from typing import Optional
@@ -31,62 +29,30 @@ __all__ = ["WriteTurn", "SoleTurn"]
 
 
 class WriteTurn:
-    """``async with turn:`` holds the exclusive lock on ``<database>.wlock``."""
+    """The exclusive lock on ``<database>.wlock``, taken and given back by the thread
+    that writes (store.py ``_transact``: the writer's own thread, in the job that
+    runs the transaction)."""
 
     def __init__(self, db_path: str) -> None:
         self.path = f"{db_path}.wlock"
         self._fd: Optional[int] = None
-        self._tfd: Optional[int] = None  #: the file :meth:`take` locks
-        #: the blocking flock waits in this thread, never on the event loop
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
-
-    def _open(self) -> tuple[int, concurrent.futures.ThreadPoolExecutor]:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="notify-wturn")
-        return self._fd, self._pool
-
-    async def __aenter__(self) -> "WriteTurn":
-        fd, pool = self._open()
-        fut = asyncio.get_running_loop().run_in_executor(pool, fcntl.flock, fd, fcntl.LOCK_EX)
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            # the wait goes on in its thread: give the turn back as soon as it is taken
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception() or fcntl.flock(fd, fcntl.LOCK_UN))
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    # the turn taken by a thread that then writes (store.py ``_transact``: the writer's
-    # own thread, in the job that runs the transaction). A file of its own: flock
-    # locks belong to an open file, so this one and ``async with`` exclude each other
-    # within the process too.
 
     def take(self) -> None:
         """Wait for the turn in this thread (blocking)."""
-        if self._tfd is None:
-            self._tfd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._tfd, fcntl.LOCK_EX)
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
 
     def give(self) -> None:
         """Give back the turn :meth:`take` took."""
-        if self._tfd is not None:
-            fcntl.flock(self._tfd, fcntl.LOCK_UN)
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        """Let the files and the thread go (taken again by the next ``async with`` or
-        :meth:`take`)."""
-        pool, fd, tfd, self._pool, self._fd, self._tfd = self._pool, self._fd, self._tfd, None, None, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-        for f in (fd, tfd):
-            if f is not None:
-                os.close(f)
+        """Let the file go (opened again by the next :meth:`take`)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class SoleTurn:
@@ -98,7 +64,6 @@ class SoleTurn:
     def __init__(self, db_path: str, name: str) -> None:
         self.path = f"{db_path}.{name}"
         self._fd: Optional[int] = None
-        self._tfd: Optional[int] = None  #: the file :meth:`take` locks
 
     def take(self) -> bool:
         if self._fd is not None:

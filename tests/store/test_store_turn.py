@@ -57,24 +57,22 @@ async def test_a_writer_waits_its_turn_past_the_busy_timeout_and_then_writes(tmp
         await store.close()
 
 
-@pytest.mark.asyncio
-async def test_a_writer_cancelled_while_waiting_gives_the_turn_back(tmp_path):
-    path = str(tmp_path / "r.db")
-    turn = WriteTurn(path)
-    holder = _hold(turn.path, 0.3)
-    try:
-        task = asyncio.ensure_future(turn.__aenter__())
-        await asyncio.sleep(0.1)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    finally:
-        holder.wait()
-    # the wait that went on in its thread took the turn and gave it back: another takes it
-    await asyncio.sleep(0.2)
+def test_the_turn_is_given_back_and_taken_again_after_close(tmp_path):
+    turn = WriteTurn(str(tmp_path / "r.db"))
+    turn.take()
     fd = os.open(turn.path, os.O_RDWR)
     try:
+        with pytest.raises(BlockingIOError):  # held: another file of the same path is refused
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        turn.give()
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        turn.take()
+        turn.close()  # the file closed: the kernel drops the lock with it
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        turn.take()  # opened again
+        turn.give()
     finally:
         os.close(fd)
         turn.close()
@@ -98,8 +96,8 @@ async def test_two_stores_on_one_file_write_in_turns(tmp_path):
 async def test_a_batch_whose_caller_is_cancelled_commits_whole_and_blocks_no_later_write(tmp_path):
     """A record batch is one job in the writer's thread (docs/adr/0007): cancelled while
     it waits for the turn, it still runs, whole; the process's write lock stays held
-    until it ends, so a write of the other kind (its own turn file) cannot take the
-    turn first and then wait behind it in the thread: each would wait for the other."""
+    until it ends, so a write started meanwhile queues behind it in this process (an
+    urgent one still goes first of those waiting), and runs once it is done."""
     path = str(tmp_path / "r.db")
     store = await RecordStore(path).open()
     try:
@@ -111,10 +109,7 @@ async def test_a_batch_whose_caller_is_cancelled_commits_whole_and_blocks_no_lat
             batch.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await batch
-            # which of two waiters the kernel gives the turn to is a race: the lock, held on
-            # until the job ends, is what keeps the other write out (deterministically)
             assert store._wlock.locked(), "the write lock is held until the cancelled batch's job ends"
-            # a write through _write (its turn in the turn's own thread, its own file)
             await asyncio.wait_for(store.add_click("d-x", 0, "https://example.com/", at=2.0), timeout=10)
         finally:
             holder.wait()
