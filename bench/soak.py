@@ -24,7 +24,8 @@ guard's purge keeps every dedup key for the *longest* window), the purge runs ev
 15 s (NOTIFY_PURGE_EVERY_S), lane inflight marks are kept 60 s
 (NOTIFY_INFLIGHT_KEEP_S), changelog compaction every ``--compact`` s (broker URL
 ``compact``), daily limits lifted to 100,000 (the counters still count: the work
-stays the same all run instead of turning into FILTERED/daily_limit), no quiet
+stays the same all run instead of turning into FILTERED/daily_limit) and the
+sliding windows off (FILTERED/rate_window, the same reason), no quiet
 hours, ``receipt_poll_s = 0`` and provider buckets lifted (as bench/e2e.py). The
 fakes remember every delivery they accepted (adapters/fake.py ``calls`` and
 ``accepted``: a provider's state, kept on the provider's side in reality); the
@@ -499,6 +500,8 @@ def soak_config(tmp: Path, dedup_window_s: float) -> Path:
         text += f"[categories.{n}]\ndedup_window_s = {int(dedup_window_s)}\n"
         if c.get("daily_limit") not in (None, "exempt"):
             text += "daily_limit = 100000\n"
+        if c.get("rate_windows"):  # (seed 002's sliding windows: the same reason)
+            text += "rate_windows = []\n"
         text += "\n"
     path = tmp / "soak-config.toml"
     path.write_text(text)
@@ -728,7 +731,7 @@ def report(res: Result, flat_pct: float) -> str:
         f" {res.partitions} partitions, embedded valkey-server (AOF everysec), fake providers.",
         f"Changelog compaction and topic trimming every {res.compact_s:g} s (tombstones kept {res.tombstone_s:g} s,"
         f" consumed topic entries kept {res.keep_s:g} s); dedup windows {res.dedup_window_s:g} s, purge every 15 s,"
-        f" inflight marks kept 60 s, daily limits lifted to 100,000 (counted), no quiet hours, `receipt_poll_s = 0`,"
+        f" inflight marks kept 60 s, daily limits lifted to 100,000 (counted), sliding windows off, no quiet hours, `receipt_poll_s = 0`,"
         f" provider buckets lifted; the fakes' per-delivery ledger capped at {FAKE_LEDGER_CAP:,} entries"
         " (see the docstring of bench/soak.py).",
         "",
