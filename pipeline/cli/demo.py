@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from pipeline.store.schema import of_record
 
@@ -51,6 +52,48 @@ def _counts(db: Path, prefix: str) -> tuple[int, int, int, int]:
         return 0, 0, 0, 0
     finally:
         con.close()
+
+
+#: what a record still in flight is waiting for, by (state, reason) (pipeline/rules/attempts.py)
+_WAITING_FOR = {
+    ("UNKNOWN", "timeout"): "a call timed out: the provider is asked what became of it",
+    ("UNKNOWN", "reconcile_retry"): "the provider is asked again, with backoff, what became of a timed-out call",
+    ("PENDING", "rate_limited"): "answered 429: backing off to retry",
+    ("PENDING", "transient_error"): "a provider error: backing off to retry",
+    ("PENDING", "reconciled_not_found"): "the provider never got it: sending again",
+}
+
+
+def _in_flight(db: Path, prefix: str) -> list[tuple[str, str, int, Optional[float]]]:
+    """This run's records neither terminal nor deferred: (state, reason, count, the
+    latest time one of them is due to be tried again, from its attempts; None when
+    none says)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        marks = ",".join("?" * (len(TERMINAL) + len(DEFERRED)))
+        return con.execute(
+            f"SELECT status, coalesce(reason, ''), count(*), max((SELECT max(a.next_at) FROM attempts a"
+            f" WHERE {of_record('a.delivery_id', 'r.delivery_id')})) FROM notify_record r"
+            f" WHERE biz_key >= ? AND biz_key < ? AND status NOT IN ({marks}) GROUP BY 1, 2 ORDER BY 3 DESC",
+            (prefix, prefix + "\uffff", *TERMINAL, *DEFERRED)).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def describe_in_flight(rows: list[tuple[str, str, int, Optional[float]]], now: float) -> str:
+    """``"2 in flight (2 PENDING rate_limited: answered 429: backing off to retry, the
+    last due in 18 s)"``, or ``""``."""
+    parts = []
+    for state, reason, n, due in rows:
+        part = f"{n} {state} {reason}".rstrip()
+        if (state, reason) in _WAITING_FOR:
+            part += f": {_WAITING_FOR[state, reason]}"
+            if state == "PENDING" and due is not None and due > now:
+                part += f", the last due in {due - now:.0f} s"
+        parts.append(part)
+    return f"{sum(r[2] for r in rows)} in flight ({'; '.join(parts)})" if rows else ""
 
 
 def finished(counts: tuple[int, int, int, int], events: int, still: int) -> bool:
@@ -211,6 +254,9 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
             bar = "#" * int(30 * done / max(total, 1))
             line = (f"{done}/{total} records terminal, {deferred} deferred, "
                     f"{seen}/{len(evs)} events, {time.time() - t0:5.1f}s")
+            if seen >= len(evs) and still >= 4 and total > done + deferred:
+                # the stragglers: what they wait for, rather than a count that does not move
+                line += "; " + describe_in_flight(_in_flight(db, prefix), time.time())
             if tty:
                 print(f"\r[{bar:30}] {line}", end="", flush=True)
             elif time.time() >= next_line:
@@ -224,6 +270,9 @@ def run_demo(events: int, users: int = 2000, seed: int = 7) -> int:
         print(_summary(db, prefix))
         if last[3] < len(evs):
             print(f"\n{len(evs) - last[3]} of {len(evs)} events have no record yet: nothing moved for 30 s")
+        left = describe_in_flight(_in_flight(db, prefix), time.time())
+        if left:
+            print(f"\nnothing moved for 30 s; {left}. `notify records show <business key>` follows one")
         return 0
     finally:
         if run is not None:
