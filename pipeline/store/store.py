@@ -64,8 +64,11 @@ __all__ = ["RecordStore", "StoreUnavailable", "InvalidOutcome", "InboxItem", "is
 
 #: an inbox message marked read now, as a read (mark_read)
 _READS_FROM_INBOX = "INSERT OR IGNORE INTO reads (delivery_id, kind, at) SELECT delivery_id, 'inbox', ? FROM inbox"
-#: an inbox batch in one statement (rows.py)
+#: an inbox batch in a few statements of many rows (rows.py)
 _INSERT_INBOX = insert_rows("INSERT OR IGNORE INTO inbox", ("user_id", "delivery_id", "title", "body", "created_at"))
+#: opt-outs in one statement (add_unsubscribes)
+_INSERT_UNSUBSCRIBES = insert_rows("INSERT OR IGNORE INTO unsubscribes",
+                                   ("user_id", "category", "channel", "source", "at", "producer"))
 
 #: the outcome fold gives the event loop a turn every this many outcomes
 FOLD_TURN = 256
@@ -566,12 +569,10 @@ class RecordStore:
         if not rows:
             return 0
 
-        sql = ("INSERT OR IGNORE INTO unsubscribes (user_id, category, channel, source, at, producer)"
-               " VALUES (?, ?, ?, ?, ?, ?)")
+        bound = bind(_INSERT_UNSUBSCRIBES, rows)
 
-        def work(conn: sqlite3.Connection) -> int:
-            # one by one: executemany's rowcount does not count ignored rows apart
-            return sum(max(conn.execute(sql, r).rowcount, 0) for r in rows)
+        def work(conn: sqlite3.Connection) -> int:  # in the writer's thread: one job (_transact)
+            return run(conn, bound)  # (an ignored row changes nothing: not counted)
 
         return await self._transact(work)
 

@@ -126,3 +126,16 @@ def test_unread_always_matches_a_model(operations):
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run(f"{tmp}/i.db"))
+
+
+@pytest.mark.asyncio
+async def test_opt_outs_count_only_the_new_ones(store):
+    """``add_unsubscribes``: a replayed opt-out (same user, switch and ``at``), in a
+    later batch or twice in one, is kept once and not counted again."""
+    a = ("u1", "marketing", "email", "stream", 1.0, "")
+    b = ("u1", "marketing", "sms", "link", 2.0, "shop")
+    assert await store.add_unsubscribes([a, b, a]) == 2
+    assert await store.add_unsubscribes([b, ("u2", "marketing", "email", "stream", 1.0, "")]) == 1
+    assert await store.add_unsubscribes([]) == 0
+    got = sorted((r["user_id"], r["channel"], r["source"], r["producer"]) for r in await store.unsubscribes())
+    assert got == [("u1", "email", "stream", ""), ("u1", "sms", "link", "shop"), ("u2", "email", "stream", "")]
