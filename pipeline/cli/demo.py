@@ -35,23 +35,31 @@ def cmd_demo(args) -> int:
     return run_demo(args.events, users=args.users)
 
 
-def _counts(db: Path, prefix: str) -> tuple[int, int, int, int]:
-    """(records, terminal, deferred, events with a record) of this run (business keys ``prefix``…)."""
+def _query(db: Path, sql: str, params: tuple) -> list:
+    """Rows of a read-only query of the record store; none while the file or its tables
+    are not there yet."""
     if not db.exists():
-        return 0, 0, 0, 0
+        return []
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
-        total, done, deferred, events = con.execute(
-            f"SELECT count(*), sum(status IN ({','.join('?' * len(TERMINAL))})), "
-            f"sum(status IN ({','.join('?' * len(DEFERRED))})), count(DISTINCT biz_key) "
-            "FROM notify_record WHERE biz_key >= ? AND biz_key < ?",
-            (*TERMINAL, *DEFERRED, prefix, prefix + "\uffff"),
-        ).fetchone()
-        return total or 0, done or 0, deferred or 0, events or 0
+        return con.execute(sql, params).fetchall()
     except sqlite3.OperationalError:
-        return 0, 0, 0, 0
+        return []
     finally:
         con.close()
+
+
+def _counts(db: Path, prefix: str) -> tuple[int, int, int, int]:
+    """(records, terminal, deferred, events with a record) of this run (business keys ``prefix``…)."""
+    rows = _query(
+        db,
+        f"SELECT count(*), sum(status IN ({','.join('?' * len(TERMINAL))})), "
+        f"sum(status IN ({','.join('?' * len(DEFERRED))})), count(DISTINCT biz_key) "
+        "FROM notify_record WHERE biz_key >= ? AND biz_key < ?",
+        (*TERMINAL, *DEFERRED, prefix, prefix + "\uffff"),
+    )
+    total, done, deferred, events = rows[0] if rows else (0, 0, 0, 0)
+    return total or 0, done or 0, deferred or 0, events or 0
 
 
 #: what a record still in flight is waiting for, by (state, reason) (pipeline/rules/attempts.py)
@@ -68,18 +76,13 @@ def _in_flight(db: Path, prefix: str) -> list[tuple[str, str, int, Optional[floa
     """This run's records neither terminal nor deferred: (state, reason, count, the
     latest time one of them is due to be tried again, from its attempts; None when
     none says)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    try:
-        marks = ",".join("?" * (len(TERMINAL) + len(DEFERRED)))
-        return con.execute(
-            f"SELECT status, coalesce(reason, ''), count(*), max((SELECT max(a.next_at) FROM attempts a"
-            f" WHERE {of_record('a.delivery_id', 'r.delivery_id')})) FROM notify_record r"
-            f" WHERE biz_key >= ? AND biz_key < ? AND status NOT IN ({marks}) GROUP BY 1, 2 ORDER BY 3 DESC",
-            (prefix, prefix + "\uffff", *TERMINAL, *DEFERRED)).fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
+    marks = ",".join("?" * (len(TERMINAL) + len(DEFERRED)))
+    return _query(
+        db,
+        f"SELECT status, coalesce(reason, ''), count(*), max((SELECT max(a.next_at) FROM attempts a"
+        f" WHERE {of_record('a.delivery_id', 'r.delivery_id')})) FROM notify_record r"
+        f" WHERE biz_key >= ? AND biz_key < ? AND status NOT IN ({marks}) GROUP BY 1, 2 ORDER BY 3 DESC",
+        (prefix, prefix + "\uffff", *TERMINAL, *DEFERRED))
 
 
 def describe_in_flight(rows: list[tuple[str, str, int, Optional[float]]], now: float) -> str:
