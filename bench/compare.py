@@ -11,10 +11,11 @@ VM's speed drifts by tens of % within minutes, and one sequence of runs gives
 whichever system ran in the slower minutes a lower figure; a drift that is steady
 over the rounds cancels out of the reversed order.
 
-``--profile`` runs the pipeline a second time with py-spy attached to worker 0 for
-10 s and timing probes around the awaits that can stall a worker (the headline
-figures come from the first, unprofiled run) and adds the top functions and the
-waits to the section; the flamegraph is bench/out/e2e-profile.svg.
+``--profile`` runs the pipeline a second time with py-spy attached to every worker
+for 10 s and timing probes around the awaits that can stall a worker (the headline
+figures come from the first, unprofiled run) and adds the top functions, the
+workers' CPU by part (bench/parts.py) and the waits to the section; worker 0's
+flamegraph is bench/out/e2e-profile.svg.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ def main() -> None:
         lines += [
             "",
             f"Profile: a second pipeline run ({prof.rate:,.0f} notifications/s with py-spy attached), "
-            "`py-spy record` on worker 0 for 10 s from the first event, 100 Hz, idle excluded; "
-            "flamegraph bench/out/e2e-profile.svg, full list bench/out/e2e-profile.txt. Top 15 by own time:",
+            "`py-spy record` on every worker for 10 s from the first event, 100 Hz, idle excluded; "
+            "worker 0's flamegraph bench/out/e2e-profile.svg, full list bench/out/e2e-profile.txt. Top 15 by own time:",
             "",
             "```",
             *prof.profile[:16],
@@ -171,6 +172,8 @@ def main() -> None:
             "```",
             *prof.profile_incl[:20],
             "```",
+            "",
+            *prof.parts,
             "",
             "Where the wall-clock time goes (the same run; timing probes wrapped around these awaits by "
             "`bench/e2e.py --diagnose`, summed over both workers and all callers of that name):",

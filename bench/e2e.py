@@ -21,9 +21,10 @@ included): a count this VM's noise does not move, for changes of a few % that it
 timings (2x swings between hours) cannot show. The run's timings are then
 cProfile's, not the pipeline's.
 
-``--profile`` attaches ``py-spy record`` to worker 0 for 10 s and writes
-bench/out/e2e-profile.svg (flamegraph) and bench/out/e2e-profile.txt (functions
-by own and inclusive time).
+``--profile`` attaches ``py-spy record`` to every worker for ``--profile-s``
+seconds (10) and writes bench/out/e2e-profile.svg (worker 0's flamegraph),
+bench/out/e2e-profile.txt (functions by own and inclusive time, every worker)
+and prints where the workers' CPU goes by part of the pipeline (bench/parts.py).
 
 Run by bench/compare.py, which writes the "e2e" section of bench/RESULTS.md.
 """
@@ -51,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 
+from bench import parts  # noqa: E402
 from pipeline.cli.mixes import make_events, make_users  # noqa: E402
 from pipeline.embedded import EmbeddedRedis  # noqa: E402
 from pipeline.reader import outcome_values  # noqa: E402
@@ -206,38 +208,38 @@ def outcome_counts(r) -> collections.Counter:
 # profile
 
 
-def summarize_raw(raw: Path, top: int = 15) -> list[str]:
+def _samples(raws: list[Path]):
+    """(frames, count) of each stack in py-spy's raw files."""
+    for raw in raws:
+        for line in raw.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if stack:
+                yield [_frame_name(f) for f in stack.split(";")], int(n)
+
+
+def summarize_raw(raws: list[Path], top: int = 15) -> list[str]:
     """Own (leaf) and inclusive share per function from py-spy's collapsed stacks."""
     own: collections.Counter = collections.Counter()
     incl: collections.Counter = collections.Counter()
     total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        n = int(n)
+    for frames, n in _samples(raws):
         total += n
-        frames = [_frame_name(f) for f in stack.split(";")]
         own[frames[-1]] += n
         for f in set(frames):
             incl[f] += n
-    lines = [f"{'own%':>6} {'incl%':>6}  function (file)   [{total} samples, worker 0, idle excluded]"]
+    lines = [f"{'own%':>6} {'incl%':>6}  function (file)   [{total} samples, {len(raws)} worker(s), idle excluded]"]
     for name, n in own.most_common(top):
         lines.append(f"{100 * n / total:6.1f} {100 * incl[name] / total:6.1f}  {name}")
     return lines
 
 
-def summarize_inclusive(raw: Path, top: int = 25,
+def summarize_inclusive(raws: list[Path], top: int = 25,
                         prefixes=("agents/", "pipeline/", "adapters/", "tables/")) -> list[str]:
     incl: collections.Counter = collections.Counter()
     total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        n = int(n)
+    for frames, n in _samples(raws):
         total += n
-        for f in {_frame_name(f) for f in stack.split(";")}:
+        for f in set(frames):
             incl[f] += n
     lines = [f"{'incl%':>6}  function (file)   [project code only]"]
     shown = 0
@@ -261,15 +263,23 @@ def _frame_name(frame: str) -> str:
     return f"{path}:{fn}"
 
 
-def start_profile(pid: int, seconds: int) -> list[subprocess.Popen]:
+def start_profile(pids: list[int], seconds: int) -> list[subprocess.Popen]:
+    """py-spy on each worker: raw stacks (bench/out/e2e-profile-w<i>.raw), and worker
+    0's flamegraph."""
     pyspy = str(Path(sys.executable).with_name("py-spy"))
-    common = ["record", "-p", str(pid), "-d", str(seconds), "-r", "100", "--nonblocking"]
-    return [
-        subprocess.Popen([pyspy, *common, "-f", "flamegraph", "-o", str(OUT / "e2e-profile.svg")],
-                         stdout=subprocess.DEVNULL, stderr=open(OUT / "e2e-pyspy-svg.log", "w")),
-        subprocess.Popen([pyspy, *common, "-f", "raw", "-o", str(OUT / "e2e-profile.raw")],
-                         stdout=subprocess.DEVNULL, stderr=open(OUT / "e2e-pyspy-raw.log", "w")),
-    ]
+    common = ["record", "-d", str(seconds), "-r", "100", "--nonblocking"]
+    spies = [subprocess.Popen([pyspy, *common, "-p", str(pids[0]), "-f", "flamegraph",
+                               "-o", str(OUT / "e2e-profile.svg")],
+                              stdout=subprocess.DEVNULL, stderr=open(OUT / "e2e-pyspy-svg.log", "w"))]
+    for i, pid in enumerate(pids):
+        profile_raw(i).unlink(missing_ok=True)  # no samples of an earlier run
+        spies.append(subprocess.Popen([pyspy, *common, "-p", str(pid), "-f", "raw", "-o", str(profile_raw(i))],
+                                      stdout=subprocess.DEVNULL, stderr=open(OUT / f"e2e-pyspy-raw-w{i}.log", "w")))
+    return spies
+
+
+def profile_raw(worker: int) -> Path:
+    return OUT / f"e2e-profile-w{worker}.raw"
 
 
 # ---------------------------------------------------------------------------
@@ -383,6 +393,7 @@ class Result:
     calls: int = 0  # --calls: Python function calls of the workers (cProfile)
     profile: list = field(default_factory=list)
     profile_incl: list = field(default_factory=list)
+    parts: list = field(default_factory=list)  # --profile: the workers' CPU by part (bench/parts.py)
     hung_on_stop: list = field(default_factory=list)
     failed: list = field(default_factory=list)  # a few FAILED records with their attempts
     probes: list = field(default_factory=list)  # --diagnose: time spent in awaits that can stall
@@ -527,7 +538,8 @@ def wait(cond, timeout: float, what: str, check=None, interval: float = 0.05):
 
 
 def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users: Optional[int] = None,
-        seed: int = 8, timeout: float = 900.0, loop: Optional[str] = None, log=print, calls: bool = False) -> Result:
+        seed: int = 8, timeout: float = 900.0, loop: Optional[str] = None, log=print, calls: bool = False,
+        profile_s: int = 10) -> Result:
     import redis
 
     t_begin = time.monotonic()
@@ -613,7 +625,7 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             cpu_start = sample()
             res.startup_s = time.monotonic() - t_launch
             log(f"e2e: first event consumed {res.startup_s:.1f}s after the workers were started")
-            spies = start_profile(workers.procs[0].pid, 10) if profile else []
+            spies = start_profile([p.pid for p in workers.procs], profile_s) if profile else []
 
             watch = RecordWatch(db)
             trace = open(OUT / "e2e-trace.txt", "w")
@@ -681,15 +693,18 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
             res.rate = res.notifications / res.seconds
             res.events_rate = n_events / res.seconds
             if profile:
-                raw = OUT / "e2e-profile.raw"
-                if raw.exists() and raw.stat().st_size:
-                    res.profile = summarize_raw(raw)
-                    res.profile_incl = summarize_inclusive(raw)
+                raws = [profile_raw(i) for i in range(WORKERS)
+                        if profile_raw(i).exists() and profile_raw(i).stat().st_size]
+                if raws:
+                    res.profile = summarize_raw(raws)
+                    res.profile_incl = summarize_inclusive(raws)
+                    worker_us = 1e6 * sum(v for k, v in res.cpu.items() if k.startswith("worker")) / res.notifications
+                    res.parts = parts.part_lines(raws, worker_us)
                     (OUT / "e2e-profile.txt").write_text(
                         "\n".join(res.profile) + "\n\nInclusive, project and library frames:\n"
-                        + "\n".join(res.profile_incl) + "\n")
+                        + "\n".join(res.profile_incl) + "\n\n" + "\n".join(res.parts) + "\n")
                 else:
-                    log("e2e: py-spy wrote no samples; see bench/out/e2e-pyspy-raw.log")
+                    log("e2e: py-spy wrote no samples; see bench/out/e2e-pyspy-raw-w*.log")
         finally:
             workers.stop()
             r.close()
@@ -739,7 +754,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--users", type=int, default=None, help="default: max(1000, events)")
-    ap.add_argument("--profile", action="store_true", help="py-spy on worker 0 for 10 s")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy on every worker from the first event: functions, and the CPU by part")
+    ap.add_argument("--profile-s", type=int, default=10, help="seconds of --profile (default 10)")
     ap.add_argument("--calls", action="store_true",
                     help="the workers under cProfile: Python calls per notification (timings are cProfile's)")
     ap.add_argument("--diagnose", action="store_true", help="workers with timing probes around awaits that stall")
@@ -757,14 +774,14 @@ def main() -> None:
     if args.event_loop == "both":
         return compare_loops(args.events, args.users)
     res = run(args.events, profile=args.profile, diagnose=args.diagnose, n_users=args.users, loop=args.event_loop,
-              calls=args.calls)
-    print(json.dumps({k: v for k, v in res.__dict__.items() if k not in ("profile", "profile_incl", "probes")},
+              calls=args.calls, profile_s=args.profile_s)
+    print(json.dumps({k: v for k, v in res.__dict__.items() if k not in ("profile", "profile_incl", "parts", "probes")},
                      indent=2))
     if res.calls:
         print(f"Python calls per notification (cProfile, {WORKERS} workers, their start and table recovery"
               f" included): {res.calls / res.notifications:,.0f} ({res.calls:,} calls, {res.notifications:,}"
               " notifications)")
-    for block in (cost_lines(res), res.profile, res.profile_incl, res.probes):
+    for block in (cost_lines(res), res.profile, res.profile_incl, res.parts, res.probes):
         if block:
             print("\n".join(block))
 
