@@ -209,12 +209,10 @@ def outcome_counts(r) -> collections.Counter:
 
 
 def _samples(raws: list[Path]):
-    """(frames, count) of each stack in py-spy's raw files."""
-    for raw in raws:
-        for line in raw.read_text().splitlines():
-            stack, _, n = line.rpartition(" ")
-            if stack:
-                yield [_frame_name(f) for f in stack.split(";")], int(n)
+    """(frames named as :func:`_frame_name` names them, count) of each stack in
+    py-spy's raw files."""
+    for frames, n in parts.samples(raws):
+        yield [_frame_name(f) for f in frames], n
 
 
 def summarize_raw(raws: list[Path], top: int = 15) -> list[str]:
@@ -698,7 +696,8 @@ def run(n_events: int, *, profile: bool = False, diagnose: bool = False, n_users
                 if raws:
                     res.profile = summarize_raw(raws)
                     res.profile_incl = summarize_inclusive(raws)
-                    worker_us = 1e6 * sum(v for k, v in res.cpu.items() if k.startswith("worker")) / res.notifications
+                    worker_s = sum(v for k, v in res.cpu.items() if k.startswith("worker"))
+                    worker_us = 1e6 * worker_s / max(res.notifications, 1)
                     res.parts = parts.part_lines(raws, worker_us)
                     (OUT / "e2e-profile.txt").write_text(
                         "\n".join(res.profile) + "\n\nInclusive, project and library frames:\n"

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import collections
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
-__all__ = ["PARTS", "part_of", "by_part", "part_lines"]
+__all__ = ["PARTS", "samples", "part_of", "by_part", "part_lines"]
 
 #: (part, substrings of a py-spy frame "function (path:line)"), tried in order on
 #: each frame from the innermost out
@@ -60,17 +60,23 @@ def part_of(frames: Sequence[str]) -> str:
     return "other"
 
 
-def by_part(raws: Iterable[Path]) -> tuple[collections.Counter, int]:
-    """Samples per part over py-spy raw files (``stack count`` lines), and the total."""
-    parts: collections.Counter = collections.Counter()
-    total = 0
+def samples(raws: Iterable[Path]) -> Iterator[tuple[list[str], int]]:
+    """(frames, outermost first, and count) of each stack in py-spy's raw files
+    (``frame;frame;... count`` lines)."""
     for raw in raws:
         for line in raw.read_text().splitlines():
             stack, _, n = line.rpartition(" ")
-            if not stack:
-                continue
-            total += int(n)
-            parts[part_of(stack.split(";"))] += int(n)
+            if stack:
+                yield stack.split(";"), int(n)
+
+
+def by_part(raws: Iterable[Path]) -> tuple[collections.Counter, int]:
+    """Samples per part over py-spy raw files, and the total."""
+    parts: collections.Counter = collections.Counter()
+    total = 0
+    for frames, n in samples(raws):
+        total += n
+        parts[part_of(frames)] += n
     return parts, total
 
 
